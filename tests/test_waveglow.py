@@ -1,0 +1,64 @@
+"""WaveGlow and the denoiser: dimensions from weights, lengths, batch independence."""
+import torch
+
+from tts_cli.waveglow import Denoiser, WaveGlow, WaveGlowDims
+from tiny_models import HOP, N_MEL, WAVEGLOW_DIMS, tiny_waveglow
+
+PUBLISHED = WaveGlowDims(n_mel=80, n_flows=12, n_group=8, n_early_every=4, n_early_size=2,
+                         wn_layers=8, wn_channels=256, wn_kernel=3, upsample_kernel=1024,
+                         hop_length=256)
+
+
+def test_dimensions_are_read_from_the_weights():
+    for dims in (WAVEGLOW_DIMS, PUBLISHED):
+        with torch.device("meta"):
+            sd = WaveGlow(dims).state_dict()
+        assert WaveGlowDims.from_state_dict(sd) == dims
+
+
+def padded_mels(frames, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mel = torch.randn(len(frames), N_MEL, max(frames), generator=g)
+    keep = torch.arange(max(frames))[None, None, :] < torch.tensor(frames)[:, None, None]
+    return mel * keep, torch.tensor(frames)
+
+
+@torch.inference_mode()
+def test_audio_has_hop_samples_per_frame_and_batched_equals_alone():
+    model = tiny_waveglow()
+    mel, frames = padded_mels([3, 29, 11])
+    seeds = torch.tensor([4, 5, 6])
+    audio = model.infer(mel, frames, seeds, sigma=0.666)
+    assert audio.shape == (3, 29 * HOP)
+    assert audio.dtype == torch.float32
+    for i, n in enumerate(frames.tolist()):
+        alone = model.infer(mel[i:i + 1, :, :n], frames[i:i + 1], seeds[i:i + 1], sigma=0.666)
+        assert alone.shape == (1, n * HOP)
+        scale = alone.abs().max()
+        assert torch.allclose(audio[i, : n * HOP], alone[0], atol=1e-5 * scale), f"item {i}"
+        assert audio[i, n * HOP:].abs().max() == 0 if n < 29 else True
+
+
+@torch.inference_mode()
+def test_sigma_zero_is_deterministic_and_noise_follows_the_seed():
+    model = tiny_waveglow()
+    mel, frames = padded_mels([6])
+    quiet = [model.infer(mel, frames, torch.tensor([s]), sigma=0.0) for s in (1, 2)]
+    assert torch.equal(quiet[0], quiet[1])
+    noisy = [model.infer(mel, frames, torch.tensor([s]), sigma=0.666) for s in (1, 1, 2)]
+    assert torch.equal(noisy[0], noisy[1])
+    assert not torch.allclose(noisy[0], noisy[2])
+
+
+@torch.inference_mode()
+def test_denoiser_removes_the_models_own_bias_and_keeps_length():
+    model = tiny_waveglow()
+    denoiser = Denoiser.for_model(model, torch.float32)
+    assert denoiser.bias_magnitude.shape == (513, 1)
+    mel = torch.zeros(1, N_MEL, 20)
+    bias_audio = model.infer(mel, torch.tensor([20]), torch.tensor([0]), sigma=0.0)[0]
+    cleaned = denoiser(bias_audio, strength=1.0)
+    assert cleaned.shape == bias_audio.shape
+    assert cleaned.pow(2).mean() < 0.5 * bias_audio.pow(2).mean()
+    untouched = denoiser(bias_audio, strength=0.0)
+    assert torch.equal(untouched, bias_audio)

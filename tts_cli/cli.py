@@ -1,0 +1,97 @@
+"""The ``tts-batch`` command: thin; all work happens in pipeline.py.
+
+Exit status: 0 when no line ended in ``error``, 1 when some did, 2 for usage
+errors (bad option, recipe, corpus ids or checkpoint file).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from tts_cli.config import DEFAULT_RECIPE, ConfigError, load_settings
+
+EXIT_LINE_ERRORS = 1
+EXIT_USAGE = 2
+
+
+def fatal(message: str) -> None:
+    click.echo(f"tts-batch: error: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+class DefaultToSynth(click.Group):
+    """``tts-batch CORPUS ...`` runs ``synth``; ``tts-batch bench`` the benchmark."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["synth", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=DefaultToSynth, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tts-batch")
+def main():
+    """Batch speech synthesis: one WAV per corpus line plus a manifest, with
+    Tacotron2 + WaveGlow on the GPU.
+
+    \b
+      tts-batch CORPUS -o OUT      synthesize (same as: tts-batch synth CORPUS -o OUT)
+      tts-batch synth --help       all synthesis options
+    """
+
+
+@main.command()
+@click.argument("corpus", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Output directory: wavs/, mels/ and manifest.jsonl go here.")
+@click.option("--recipe", default=DEFAULT_RECIPE, show_default=True,
+              help="Built-in recipe name or a YAML file; options given here override it.")
+@click.option("--tacotron2", type=click.Path(dir_okay=False), help="Tacotron2 checkpoint "
+              "(default: checkpoints/tacotron2_statedict.pt).")
+@click.option("--waveglow", type=click.Path(dir_okay=False), help="WaveGlow checkpoint "
+              "(default: checkpoints/waveglow_256channels_universal_v5.pt).")
+@click.option("--format", "format_", type=click.Choice(["plain", "ljspeech", "tsv"]),
+              help="Corpus format: plain lines (id = line number), ljspeech (id|text), tsv (id<TAB>text). [default: plain]")
+@click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available]")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]),
+              help="[default: fp16 on CUDA, fp32 on CPU]")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Most lines per batch. [default: 64]")
+@click.option("--sigma", type=click.FloatRange(min=0), help="WaveGlow noise scale. [default: 0.666]")
+@click.option("--denoiser-strength", type=click.FloatRange(min=0),
+              help="Denoiser strength; 0 disables it. [default: 0.01]")
+@click.option("--max-decoder-steps", type=click.IntRange(min=1),
+              help="Frames after which a line is cut and marked truncated. [default: 1000]")
+@click.option("--gate-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="Stop where sigmoid(gate) exceeds this. [default: 0.5]")
+@click.option("--prenet-dropout", type=click.FloatRange(0, 1, max_open=True),
+              help="Prenet dropout at inference, as the reference; 0 is deterministic. [default: 0.5]")
+@click.option("--seed", type=click.IntRange(min=0),
+              help="Run seed: each line's randomness derives from it and the line's id. [default: random, recorded in the manifest]")
+@click.option("--sample-format", type=click.Choice(["pcm16", "float32"]),
+              help="WAV sample format. [default: pcm16]")
+@click.option("--save-mels", is_flag=True, default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")
+@click.option("--force", is_flag=True, default=None, help="Overwrite an output directory that already holds a manifest.")
+@click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")
+def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **options):
+    """Synthesize every line of CORPUS into OUT/wavs/<id>.wav and OUT/manifest.jsonl."""
+    from tts_cli.pipeline import FatalError, synthesize_corpus  # torch loads only when needed
+
+    try:
+        settings = load_settings(recipe, {"format": format_, **options})
+    except ConfigError as e:
+        fatal(str(e))
+    echo = (lambda message: None) if settings.quiet else (lambda message: click.echo(message, err=True))
+    try:
+        summary = synthesize_corpus(settings, corpus, out_dir, on_notice=echo)
+    except FatalError as e:
+        fatal(str(e))
+    if not settings.quiet:
+        counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items() if n)
+        clipped = f"; {summary.clipped_samples} samples clipped" if summary.clipped_samples else ""
+        echo(f"{len(summary.rows)} lines: {counts}{clipped}\n"
+             f"{summary.audio_seconds:.1f} s of audio in {summary.wall_seconds:.1f} s "
+             f"({summary.speed:.1f} audio seconds per second; model load {summary.load_seconds:.1f} s); "
+             f"seed {summary.seed}; manifest: {out_dir / 'manifest.jsonl'}")
+    sys.exit(EXIT_LINE_ERRORS if summary.counts["error"] else 0)

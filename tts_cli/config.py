@@ -1,0 +1,120 @@
+"""Settings: a recipe (YAML) loaded into a frozen dataclass, then CLI overrides.
+
+A recipe sets any field below by its name; the command line overrides a
+recipe field by the same name (``--batch-size`` -> ``batch_size``). Unknown
+keys and out-of-range values are errors that name the recipe file.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tts_cli.audio import SAMPLE_FORMATS
+from tts_cli.corpus import FORMATS as CORPUS_FORMATS
+
+DEFAULT_RECIPE = "ljspeech"
+PRECISION_NAMES = ("fp32", "fp16", "bf16")
+
+
+class ConfigError(ValueError):
+    """A bad recipe or option; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    tacotron2: str | None = None        # Tacotron2 checkpoint; None: look in checkpoints/
+    waveglow: str | None = None         # WaveGlow checkpoint; None: look in checkpoints/
+    sample_rate: int = 22050            # written in the WAV header; the voice's training rate
+    sigma: float = 0.666                # WaveGlow noise scale
+    denoiser_strength: float = 0.01     # bias-spectrum subtraction; 0 disables the denoiser
+    max_decoder_steps: int = 1000       # a line that reaches it is kept, marked truncated
+    gate_threshold: float = 0.5         # stop where sigmoid(gate) > this
+    prenet_dropout: float = 0.5         # the reference keeps it on at inference; 0 = deterministic
+    seed: int | None = None             # run seed; None draws one (recorded in the manifest)
+    batch_size: int = 64                # most lines per batch
+    sample_format: str = "pcm16"        # WAV subtype: pcm16 or float32
+    save_mels: bool = False             # also write mels/<id>.npy
+    format: str = "plain"               # corpus format: plain, ljspeech, tsv
+    device: str | None = None           # cuda, cuda:N, cpu; None: cuda when available
+    precision: str | None = None        # fp32, fp16, bf16; None: fp16 on CUDA, fp32 on CPU
+    force: bool = False                 # overwrite an output directory that holds a manifest
+    quiet: bool = False                 # no progress bar or summary
+
+    def __post_init__(self):
+        for problem in _problems(self):
+            raise ConfigError(problem)
+
+
+def _problems(s: Settings):
+    checks = [
+        (s.sample_rate > 0, "sample_rate must be positive"),
+        (s.sigma >= 0, "sigma must be >= 0"),
+        (s.denoiser_strength >= 0, "denoiser_strength must be >= 0"),
+        (s.max_decoder_steps >= 1, "max_decoder_steps must be >= 1"),
+        (0 < s.gate_threshold < 1, "gate_threshold must be between 0 and 1"),
+        (0 <= s.prenet_dropout < 1, "prenet_dropout must be in [0, 1)"),
+        (s.batch_size >= 1, "batch_size must be >= 1"),
+        (s.seed is None or s.seed >= 0, "seed must be >= 0"),
+        (s.sample_format in SAMPLE_FORMATS, f"sample_format must be one of {', '.join(SAMPLE_FORMATS)}"),
+        (s.format in CORPUS_FORMATS, f"format must be one of {', '.join(CORPUS_FORMATS)}"),
+        (s.precision is None or s.precision in PRECISION_NAMES,
+         f"precision must be one of {', '.join(PRECISION_NAMES)}"),
+    ]
+    return [message for ok, message in checks if not ok]
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def builtin_recipes() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("tts_cli.recipes").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def recipe_text(name_or_path: str) -> tuple[str, str]:
+    """(where, YAML text) of a built-in recipe name or a file path."""
+    if name_or_path in builtin_recipes():
+        where = f"recipes/{name_or_path}.yaml"
+        return where, resources.files("tts_cli.recipes").joinpath(f"{name_or_path}.yaml").read_text()
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ConfigError(f"recipe {name_or_path!r}: no such built-in recipe "
+                          f"({', '.join(builtin_recipes())}) or file")
+    return str(path), path.read_text(encoding="utf-8")
+
+
+def load_settings(recipe: str = DEFAULT_RECIPE, overrides: dict[str, Any] | None = None) -> Settings:
+    """The recipe's settings with ``overrides`` (None values ignored) on top."""
+    where, text = recipe_text(recipe)
+    try:
+        values = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: a recipe is a mapping of setting: value")
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(FIELDS)}")
+    for key, value in values.items():
+        _check_type(where, key, value)
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return Settings(**values)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _check_type(where: str, key: str, value: Any) -> None:
+    kind = FIELDS[key].type
+    expected = {"int": int, "float": (int, float), "bool": bool, "str": str}
+    base = kind.split(" |")[0]
+    if value is None and "None" in kind:
+        return
+    if isinstance(value, bool) and base != "bool" or not isinstance(value, expected[base]):
+        raise ConfigError(f"{where}: {key} must be {base}, got {value!r}")

@@ -1,0 +1,106 @@
+"""Runs the models on a device: device and precision policy, batched synthesis.
+
+This is the one place that decides where and in which dtype the models run.
+Tacotron2 and WaveGlow run in the chosen dtype; WaveGlow's audio state and its
+1x1 inverses stay float32, and the gate and the denoiser run in float32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tts_cli.batching import pad_sequences
+from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
+from tts_cli.waveglow import Denoiser, WaveGlow
+
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """``cuda``, ``cuda:N`` or ``cpu``; None picks CUDA when there is one."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA device is available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"--device {name}: use cuda, cuda:N or cpu")
+    return device
+
+
+def resolve_precision(device: torch.device, name: str | None) -> tuple[torch.dtype, str | None]:
+    """The dtype to run in, and a one-line notice when the request was changed."""
+    if device.type == "cpu":
+        if name in (None, "fp32"):
+            return torch.float32, ("running on CPU in fp32 (slow; a CUDA GPU is much faster)"
+                                   if name is None else None)
+        return torch.float32, f"--precision {name} is for CUDA; running on CPU in fp32"
+    return PRECISIONS[name or "fp16"], None
+
+
+@dataclass(frozen=True)
+class SynthesisSettings:
+    sigma: float = 0.666
+    denoiser_strength: float = 0.01
+    decode: DecodeSettings = DecodeSettings()
+
+
+@dataclass(frozen=True)
+class Job:
+    ids: list[int]          # symbol ids of one line
+    seed: int               # the line's own seed (prenet dropout, WaveGlow noise)
+    frames: int | None = None  # benchmark only: force this many decoder frames
+
+
+@dataclass(frozen=True)
+class Result:
+    audio: np.ndarray       # (samples,) float32, samples = frames * hop
+    mel: np.ndarray         # (n_mel, frames) float32, the postnet mel
+    frames: int
+    truncated: bool         # hit max_decoder_steps without the gate firing
+
+
+class Engine:
+    """Tacotron2 + WaveGlow + denoiser on one device, in one dtype."""
+
+    def __init__(self, tacotron2: Tacotron2, waveglow: WaveGlow, device: torch.device,
+                 dtype: torch.dtype, settings: SynthesisSettings):
+        self.device, self.dtype, self.settings = device, dtype, settings
+        # float32 inverses of the 1x1 convolutions, computed once from the
+        # float32 weights, before the model is cast.
+        self.inverse_weights = [w.to(device) for w in waveglow.float().inverse_weights()]
+        self.tacotron2 = tacotron2.to(device=device, dtype=dtype).eval()
+        self.waveglow = waveglow.to(device=device, dtype=dtype).eval()
+        self.denoiser = (Denoiser.for_model(self.waveglow, dtype)
+                         if settings.denoiser_strength > 0 else None)
+
+    @property
+    def hop_length(self) -> int:
+        return self.waveglow.dims.hop_length
+
+    @torch.inference_mode()
+    def synthesize(self, jobs: list[Job]) -> list[Result]:
+        """One batch, results in the order of ``jobs``."""
+        ids, lengths = pad_sequences([j.ids for j in jobs], device=self.device)
+        seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
+        override = None
+        if any(j.frames is not None for j in jobs):
+            override = torch.tensor([j.frames or 0 for j in jobs], device=self.device)
+        mel, frames, truncated = decode(self.tacotron2, ids, lengths, seeds,
+                                        self.settings.decode, override)
+        audio = self.waveglow.infer(mel, frames, seeds, self.settings.sigma, self.inverse_weights)
+        return [self._finish(mel[i], audio[i], int(frames[i]), bool(truncated[i]))
+                for i in range(len(jobs))]
+
+    def _finish(self, mel: torch.Tensor, audio: torch.Tensor, frames: int,
+                truncated: bool) -> Result:
+        audio = audio[: frames * self.hop_length]
+        if self.denoiser is not None:
+            audio = self.denoiser(audio, self.settings.denoiser_strength)
+        return Result(audio=audio.float().cpu().numpy(),
+                      mel=mel[:, :frames].float().cpu().numpy(),
+                      frames=frames, truncated=truncated)

@@ -1,0 +1,320 @@
+"""Tacotron2: symbol ids -> mel spectrogram, batched, with masking that makes a
+line's output independent of the other lines in its batch.
+
+The module tree and parameter names are NVIDIA/tacotron2's, so a checkpoint's
+``state_dict`` loads as is; every dimension is read from the tensors
+(``Tacotron2Dims.from_state_dict``). No I/O happens here.
+
+Batched == alone needs, beyond the usual padding mask (measured, see DESIGN.md):
+padded positions zeroed before every encoder convolution, a packed encoder LSTM,
+masked attention scores, each row stopping on its own gate, and frames past a
+row's stop zeroed before and between the postnet convolutions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from tts_cli import randomness
+
+
+@dataclass(frozen=True)
+class Tacotron2Dims:
+    n_symbols: int
+    embedding_dim: int           # also the encoder's width
+    encoder_convs: int
+    encoder_kernel: int
+    n_mel: int
+    prenet_dims: tuple[int, ...]
+    attention_rnn_dim: int
+    decoder_rnn_dim: int
+    attention_dim: int
+    location_filters: int
+    location_kernel: int
+    postnet_convs: int
+    postnet_dim: int
+    postnet_kernel: int
+
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, Tensor]) -> "Tacotron2Dims":
+        n_symbols, embedding_dim = sd["embedding.weight"].shape
+        enc_conv = sd["encoder.convolutions.0.0.conv.weight"]
+        prenet = [sd[k] for k in sorted(k for k in sd if k.startswith("decoder.prenet.layers."))]
+        loc_conv = sd["decoder.attention_layer.location_layer.location_conv.conv.weight"]
+        post_conv = sd["postnet.convolutions.0.0.conv.weight"]
+        return cls(
+            n_symbols=n_symbols,
+            embedding_dim=embedding_dim,
+            encoder_convs=_count(sd, "encoder.convolutions.", ".0.conv.weight"),
+            encoder_kernel=enc_conv.shape[2],
+            n_mel=prenet[0].shape[1],
+            prenet_dims=tuple(w.shape[0] for w in prenet),
+            attention_rnn_dim=sd["decoder.attention_rnn.weight_hh"].shape[1],
+            decoder_rnn_dim=sd["decoder.decoder_rnn.weight_hh"].shape[1],
+            attention_dim=sd["decoder.attention_layer.query_layer.linear_layer.weight"].shape[0],
+            location_filters=loc_conv.shape[0],
+            location_kernel=loc_conv.shape[2],
+            postnet_convs=_count(sd, "postnet.convolutions.", ".0.conv.weight"),
+            postnet_dim=post_conv.shape[0],
+            postnet_kernel=post_conv.shape[2],
+        )
+
+
+def _count(sd: dict[str, Tensor], prefix: str, suffix: str) -> int:
+    return sum(1 for k in sd if k.startswith(prefix) and k.endswith(suffix))
+
+
+# Holders whose only job is to give parameters NVIDIA's names
+# (``...conv.weight``, ``...linear_layer.weight``).
+class ConvNorm(nn.Module):
+    def __init__(self, n_in: int, n_out: int, kernel: int, bias: bool = True):
+        super().__init__()
+        self.conv = nn.Conv1d(n_in, n_out, kernel, padding=(kernel - 1) // 2, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(x)
+
+
+class LinearNorm(nn.Module):
+    def __init__(self, n_in: int, n_out: int, bias: bool = True):
+        super().__init__()
+        self.linear_layer = nn.Linear(n_in, n_out, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear_layer(x)
+
+
+def conv_bn(n_in: int, n_out: int, kernel: int) -> nn.Sequential:
+    return nn.Sequential(ConvNorm(n_in, n_out, kernel), nn.BatchNorm1d(n_out))
+
+
+class Encoder(nn.Module):
+    def __init__(self, d: Tacotron2Dims):
+        super().__init__()
+        width = d.embedding_dim
+        self.convolutions = nn.ModuleList(
+            conv_bn(width, width, d.encoder_kernel) for _ in range(d.encoder_convs))
+        self.lstm = nn.LSTM(width, width // 2, batch_first=True, bidirectional=True)
+
+    def forward(self, x: Tensor, lengths: Tensor, valid: Tensor) -> Tensor:
+        # x: (B, C, T) embedded symbols; valid: (B, T) bool
+        keep = valid.unsqueeze(1).to(x.dtype)
+        for conv in self.convolutions:
+            x = F.relu(conv(x * keep))
+        packed = nn.utils.rnn.pack_padded_sequence(
+            x.transpose(1, 2), lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[2])
+        return out  # (B, T, C), zeros past each length
+
+
+class Prenet(nn.Module):
+    def __init__(self, d: Tacotron2Dims):
+        super().__init__()
+        sizes = (d.n_mel,) + d.prenet_dims
+        self.layers = nn.ModuleList(
+            LinearNorm(n_in, n_out, bias=False) for n_in, n_out in zip(sizes, sizes[1:]))
+
+    def forward(self, x: Tensor, keep_masks: list[Tensor] | None) -> Tensor:
+        # The reference keeps dropout on at inference; keep_masks (already scaled
+        # by 1/(1-p)) come from per-line seeds so a line's output is batch-independent.
+        for i, layer in enumerate(self.layers):
+            x = F.relu(layer(x))
+            if keep_masks is not None:
+                x = x * keep_masks[i]
+        return x
+
+
+class LocationLayer(nn.Module):
+    def __init__(self, d: Tacotron2Dims):
+        super().__init__()
+        self.location_conv = ConvNorm(2, d.location_filters, d.location_kernel, bias=False)
+        self.location_dense = LinearNorm(d.location_filters, d.attention_dim, bias=False)
+
+    def forward(self, weights_cat: Tensor) -> Tensor:
+        # weights_cat: (B, 2, T) -> (B, T, attention_dim)
+        return self.location_dense(self.location_conv(weights_cat).transpose(1, 2))
+
+
+class Attention(nn.Module):
+    def __init__(self, d: Tacotron2Dims):
+        super().__init__()
+        self.query_layer = LinearNorm(d.attention_rnn_dim, d.attention_dim, bias=False)
+        self.memory_layer = LinearNorm(d.embedding_dim, d.attention_dim, bias=False)
+        self.v = LinearNorm(d.attention_dim, 1, bias=False)
+        self.location_layer = LocationLayer(d)
+
+    def forward(self, query: Tensor, memory: Tensor, processed_memory: Tensor,
+                weights_cat: Tensor, invalid: Tensor) -> tuple[Tensor, Tensor]:
+        energies = self.v(torch.tanh(
+            self.query_layer(query).unsqueeze(1)
+            + self.location_layer(weights_cat)
+            + processed_memory)).squeeze(2)                       # (B, T)
+        energies = energies.masked_fill(invalid, float("-inf"))
+        weights = torch.softmax(energies, dim=1)
+        context = torch.bmm(weights.unsqueeze(1), memory).squeeze(1)  # (B, C)
+        return context, weights
+
+
+@dataclass
+class DecoderState:
+    """Everything one decoder step reads and writes; (B, ...) tensors."""
+    attention_hidden: Tensor
+    attention_cell: Tensor
+    decoder_hidden: Tensor
+    decoder_cell: Tensor
+    attention_weights: Tensor       # (B, T)
+    attention_weights_cum: Tensor   # (B, T)
+    attention_context: Tensor       # (B, C)
+    frame: Tensor                   # (B, n_mel), the last pre-postnet frame (go frame = 0)
+
+    def tensors(self) -> list[Tensor]:
+        return list(vars(self).values())
+
+
+class Decoder(nn.Module):
+    def __init__(self, d: Tacotron2Dims):
+        super().__init__()
+        self.dims = d
+        self.prenet = Prenet(d)
+        self.attention_rnn = nn.LSTMCell(d.prenet_dims[-1] + d.embedding_dim, d.attention_rnn_dim)
+        self.attention_layer = Attention(d)
+        self.decoder_rnn = nn.LSTMCell(d.attention_rnn_dim + d.embedding_dim, d.decoder_rnn_dim)
+        self.linear_projection = LinearNorm(d.decoder_rnn_dim + d.embedding_dim, d.n_mel)
+        self.gate_layer = LinearNorm(d.decoder_rnn_dim + d.embedding_dim, 1)
+
+    def initial_state(self, memory: Tensor) -> DecoderState:
+        b, t, c = memory.shape
+        zeros = lambda *shape: memory.new_zeros(shape)
+        d = self.dims
+        return DecoderState(
+            zeros(b, d.attention_rnn_dim), zeros(b, d.attention_rnn_dim),
+            zeros(b, d.decoder_rnn_dim), zeros(b, d.decoder_rnn_dim),
+            zeros(b, t), zeros(b, t), zeros(b, c), zeros(b, d.n_mel))
+
+    def step(self, s: DecoderState, memory: Tensor, processed_memory: Tensor,
+             invalid: Tensor, keep_masks: list[Tensor] | None) -> tuple[DecoderState, Tensor]:
+        """One frame for every row. Returns the new state (its ``frame`` is the
+        output frame) and the gate logits (B,)."""
+        x = self.prenet(s.frame, keep_masks)
+        ah, ac = self.attention_rnn(torch.cat((x, s.attention_context), 1),
+                                    (s.attention_hidden, s.attention_cell))
+        weights_cat = torch.stack((s.attention_weights, s.attention_weights_cum), 1)
+        context, weights = self.attention_layer(ah, memory, processed_memory, weights_cat, invalid)
+        dh, dc = self.decoder_rnn(torch.cat((ah, context), 1), (s.decoder_hidden, s.decoder_cell))
+        hidden_context = torch.cat((dh, context), 1)
+        frame = self.linear_projection(hidden_context)
+        gate = self.gate_layer(hidden_context).squeeze(1)
+        new = DecoderState(ah, ac, dh, dc, weights, s.attention_weights_cum + weights, context, frame)
+        return new, gate
+
+
+class Postnet(nn.Module):
+    def __init__(self, d: Tacotron2Dims):
+        super().__init__()
+        sizes = [d.n_mel] + [d.postnet_dim] * (d.postnet_convs - 1) + [d.n_mel]
+        self.convolutions = nn.ModuleList(
+            conv_bn(n_in, n_out, d.postnet_kernel) for n_in, n_out in zip(sizes, sizes[1:]))
+
+    def forward(self, mel: Tensor, keep: Tensor) -> Tensor:
+        # mel: (B, n_mel, F); keep: (B, 1, F) 1.0 on each row's frames, 0 after its stop
+        x = mel
+        last = len(self.convolutions) - 1
+        for i, conv in enumerate(self.convolutions):
+            x = conv(x * keep)
+            if i < last:
+                x = torch.tanh(x)
+        return x
+
+
+class Tacotron2(nn.Module):
+    def __init__(self, d: Tacotron2Dims):
+        super().__init__()
+        self.dims = d
+        self.embedding = nn.Embedding(d.n_symbols, d.embedding_dim)
+        self.encoder = Encoder(d)
+        self.decoder = Decoder(d)
+        self.postnet = Postnet(d)
+
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, Tensor]) -> "Tacotron2":
+        model = cls(Tacotron2Dims.from_state_dict(sd))
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        # BatchNorm's step counter is training state; checkpoints may omit it.
+        missing = [k for k in missing if not k.endswith("num_batches_tracked")]
+        if missing or unexpected:
+            raise ValueError(f"Tacotron2 weights do not fit the architecture: "
+                             f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+        return model.eval()
+
+    def encode(self, ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """ids: (B, T) padded with 0; lengths: (B,). Returns memory (B, T, C) and
+        the padding mask ``invalid`` (B, T), True past each length."""
+        invalid = torch.arange(ids.shape[1], device=ids.device)[None, :] >= lengths[:, None]
+        memory = self.encoder(self.embedding(ids).transpose(1, 2), lengths, ~invalid)
+        return memory, invalid
+
+    def postprocess(self, mel: Tensor, frames: Tensor) -> Tensor:
+        """mel: (B, n_mel, F) decoder frames; frames: (B,) each row's length.
+        Returns the postnet mel, zero past each row's length (WaveGlow needs
+        zero padding for batched == alone)."""
+        keep = (torch.arange(mel.shape[2], device=mel.device)[None, :] < frames[:, None])
+        keep = keep.unsqueeze(1).to(mel.dtype)
+        return (mel + self.postnet(mel, keep)) * keep
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    max_decoder_steps: int = 1000
+    gate_threshold: float = 0.5
+    prenet_dropout: float = 0.5
+    stop_check_every: int = 16   # host sync once per this many steps, not every step
+
+
+def prenet_keep_masks(seeds: Tensor, steps: Tensor, d: Tacotron2Dims, p: float,
+                      dtype: torch.dtype) -> list[Tensor] | None:
+    """Per-line, per-step dropout keep masks, scaled by 1/(1-p); None when p == 0."""
+    if p <= 0:
+        return None
+    return [randomness.dropout_keep(seeds, steps, stream=1 + i, width=w, p=p).to(dtype)
+            for i, w in enumerate(d.prenet_dims)]
+
+
+@torch.inference_mode()
+def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
+           cfg: DecodeSettings, frame_override: Tensor | None = None
+           ) -> tuple[Tensor, Tensor, Tensor]:
+    """Plain (eager) batched greedy decode.
+
+    Returns (postnet mel (B, n_mel, F) zero-padded, frames (B,), truncated (B,) bool).
+    A row stops at the first step where sigmoid(gate) > threshold and keeps that
+    frame, as the reference does. ``frame_override`` (benchmark only) forces each
+    row's stop step instead of the gate verdict; the gate is still computed.
+    """
+    memory, invalid = model.encode(ids, lengths)
+    processed_memory = model.decoder.attention_layer.memory_layer(memory)
+    state = model.decoder.initial_state(memory)
+    b = ids.shape[0]
+    frames_out, gates_out = [], []
+    stop_at = torch.full((b,), cfg.max_decoder_steps, dtype=torch.long, device=ids.device)
+    for step in range(cfg.max_decoder_steps):
+        steps = torch.full((b,), step, dtype=torch.long, device=ids.device)
+        masks = prenet_keep_masks(seeds, steps, model.dims, cfg.prenet_dropout, memory.dtype)
+        state, gate = model.decoder.step(state, memory, processed_memory, invalid, masks)
+        frames_out.append(state.frame)
+        stops = torch.sigmoid(gate.float()) > cfg.gate_threshold
+        if frame_override is not None:
+            stops = frame_override == step + 1
+        stop_at = torch.where(stops & (stop_at == cfg.max_decoder_steps),
+                              torch.full_like(stop_at, step + 1), stop_at)
+        gates_out.append(stops)
+        if (step + 1) % cfg.stop_check_every == 0 and bool((stop_at <= step + 1).all()):
+            break
+    mel = torch.stack(frames_out, 2)                           # (B, n_mel, steps run)
+    stopped_by_gate = torch.stack(gates_out, 1).any(1)
+    frames = stop_at.clamp(max=mel.shape[2])
+    mel = mel[:, :, : int(frames.max())]
+    return model.postprocess(mel, frames), frames, ~stopped_by_gate
