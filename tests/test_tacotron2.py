@@ -3,13 +3,9 @@ import pytest
 import torch
 
 from tts_cli.batching import pad_sequences
-from tts_cli.tacotron2 import DecodeSettings, Tacotron2, Tacotron2Dims, decode
+from tts_cli.tacotron2 import PUBLISHED_DIMS as PUBLISHED, DecodeSettings, Tacotron2, Tacotron2Dims, decode
 from tiny_models import TACOTRON2_DIMS, canonical, tiny_tacotron2
 
-PUBLISHED = Tacotron2Dims(
-    n_symbols=148, embedding_dim=512, encoder_convs=3, encoder_kernel=5, n_mel=80,
-    prenet_dims=(256, 256), attention_rnn_dim=1024, decoder_rnn_dim=1024, attention_dim=128,
-    location_filters=32, location_kernel=31, postnet_convs=5, postnet_dim=512, postnet_kernel=5)
 
 
 def lines(*lengths, seed=0):

@@ -1,12 +1,9 @@
 """WaveGlow and the denoiser: dimensions from weights, lengths, batch independence."""
 import torch
 
-from tts_cli.waveglow import Denoiser, WaveGlow, WaveGlowDims
+from tts_cli.waveglow import PUBLISHED_DIMS as PUBLISHED, Denoiser, WaveGlow, WaveGlowDims
 from tiny_models import HOP, N_MEL, WAVEGLOW_DIMS, tiny_waveglow
 
-PUBLISHED = WaveGlowDims(n_mel=80, n_flows=12, n_group=8, n_early_every=4, n_early_size=2,
-                         wn_layers=8, wn_channels=256, wn_kernel=3, upsample_kernel=1024,
-                         hop_length=256)
 
 
 def test_dimensions_are_read_from_the_weights():

@@ -82,17 +82,34 @@ class Engine:
     def hop_length(self) -> int:
         return self.waveglow.dims.hop_length
 
+    def eager(self) -> "Engine":
+        """This engine without its fast paths (the reference's way of running)."""
+        return self
+
     @torch.inference_mode()
-    def synthesize(self, jobs: list[Job]) -> list[Result]:
-        """One batch, results in the order of ``jobs``."""
+    def decode_only(self, jobs: list[Job]):
+        """Tacotron2 for one batch: (postnet mel (B, n_mel, F), frames (B,), truncated (B,))."""
         ids, lengths = pad_sequences([j.ids for j in jobs], device=self.device)
         seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
         override = None
         if any(j.frames is not None for j in jobs):
             override = torch.tensor([j.frames or 0 for j in jobs], device=self.device)
-        mel, frames, truncated = decode(self.tacotron2, ids, lengths, seeds,
-                                        self.settings.decode, override)
-        audio = self.waveglow.infer(mel, frames, seeds, self.settings.sigma, self.inverse_weights)
+        return decode(self.tacotron2, ids, lengths, seeds, self.settings.decode, override)
+
+    @torch.inference_mode()
+    def vocode(self, mel: torch.Tensor, frames: torch.Tensor,
+               seeds: torch.Tensor | None = None) -> torch.Tensor:
+        """WaveGlow for one batch: float32 audio (B, F*hop), garbage past frames*hop."""
+        if seeds is None:
+            seeds = torch.zeros(mel.shape[0], dtype=torch.long, device=self.device)
+        return self.waveglow.infer(mel, frames, seeds, self.settings.sigma, self.inverse_weights)
+
+    @torch.inference_mode()
+    def synthesize(self, jobs: list[Job]) -> list[Result]:
+        """One batch, results in the order of ``jobs``."""
+        mel, frames, truncated = self.decode_only(jobs)
+        seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
+        audio = self.vocode(mel, frames, seeds)
         return [self._finish(mel[i], audio[i], int(frames[i]), bool(truncated[i]))
                 for i in range(len(jobs))]
 

@@ -15,7 +15,7 @@ from tts_cli.audio import write_mel, write_wav
 from tts_cli.batching import length_sorted_batches
 from tts_cli.checkpoints import CheckpointError, load_tacotron2_weights, load_waveglow_weights
 from tts_cli.config import Settings
-from tts_cli.corpus import CorpusError, Utterance, read_corpus
+from tts_cli.corpus import NOTHING_TO_SAY, CorpusError, Utterance, read_corpus
 from tts_cli.engine import Engine, Job, Result, SynthesisSettings, resolve_device, resolve_precision
 from tts_cli.manifest import ManifestRow, summarize, write_manifest
 from tts_cli.randomness import line_seed
@@ -118,10 +118,15 @@ class _Pending:
     seed: int
 
 
-def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path,
-                      on_notice=print) -> RunSummary:
+def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice=print,
+                      engine: Engine | None = None,
+                      frames_per_symbol: float | None = None) -> RunSummary:
     """Synthesize every line of ``corpus`` into ``out_dir``. Problems with single
-    lines become manifest rows; problems with the whole run raise FatalError."""
+    lines become manifest rows; problems with the whole run raise FatalError.
+
+    The benchmark passes its own ``engine`` (random full-size weights) and
+    ``frames_per_symbol``, which fixes each line's decode length instead of the
+    stop gate's verdict (random weights never stop on their own)."""
     try:
         utterances = read_corpus(corpus, settings.format)
     except CorpusError as e:
@@ -133,7 +138,7 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path,
     seed = settings.seed if settings.seed is not None else secrets.randbelow(2 ** 31)
     notices: list[str] = []
     started = time.perf_counter()
-    engine = make_engine(settings, notices)
+    engine = engine or make_engine(settings, notices)
     for notice in notices:
         on_notice(notice)
     load_seconds = time.perf_counter() - started
@@ -142,7 +147,7 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path,
     started = time.perf_counter()
     writer = _Writer(settings, out_dir, engine.hop_length, seed)
     try:
-        _run_batches(engine, pending, settings, writer, rows, quiet=settings.quiet)
+        _run_batches(engine, pending, settings, writer, rows, frames_per_symbol)
     finally:
         for p in pending:
             if p.utterance.line not in rows:
@@ -161,10 +166,14 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path,
 def _prepare(u: Utterance, run_seed: int, rows: dict[int, ManifestRow]) -> _Pending | None:
     """Normalizes one line; lines that cannot be synthesized get their row now."""
     if u.problem is not None:
-        status = "skipped" if not u.text.strip() else "error"
+        status = "skipped" if u.problem in NOTHING_TO_SAY else "error"
         rows[u.line] = _row(u, "", status, u.problem, None)
         return None
-    ids, normalized = frontend.normalize(u.text)
+    try:
+        ids, normalized = frontend.normalize(u.text)
+    except frontend.UnsupportedTextError as e:
+        rows[u.line] = _row(u, "", "error", str(e), None)
+        return None
     if not frontend.is_speakable(ids):
         rows[u.line] = _row(u, normalized, "skipped", "nothing speakable after cleaning", None)
         return None
@@ -178,16 +187,16 @@ def _row(u: Utterance, normalized: str, status: str, reason: str | None,
                        status=status, reason=reason, seed=seed)
 
 
-def _run_batches(engine: Engine, pending: list[_Pending], settings: Settings,
-                 writer: "_Writer", rows: dict[int, ManifestRow], quiet: bool) -> None:
+def _run_batches(engine: Engine, pending: list[_Pending], settings: Settings, writer: "_Writer",
+                 rows: dict[int, ManifestRow], frames_per_symbol: float | None) -> None:
     batches = length_sorted_batches([len(p.ids) for p in pending], settings.batch_size)
     started = time.perf_counter()
     audio_seconds = 0.0
-    with tqdm(total=len(pending), unit="line", disable=quiet, dynamic_ncols=True) as bar:
+    with tqdm(total=len(pending), unit="line", disable=settings.quiet, dynamic_ncols=True) as bar:
         for batch in batches:
             items = [pending[i] for i in batch]
             try:
-                results = engine.synthesize([Job(p.ids, p.seed) for p in items])
+                results = engine.synthesize([_job(p, frames_per_symbol, settings) for p in items])
             except RuntimeError as e:
                 reason = f"synthesis failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                 for p in items:
@@ -202,6 +211,13 @@ def _run_batches(engine: Engine, pending: list[_Pending], settings: Settings,
             bar.update(len(items))
             elapsed = time.perf_counter() - started
             bar.set_postfix(audio=f"{audio_seconds:.0f}s", speed=f"{audio_seconds / elapsed:.1f}x")
+
+
+def _job(p: _Pending, frames_per_symbol: float | None, settings: Settings) -> Job:
+    if frames_per_symbol is None:
+        return Job(p.ids, p.seed)
+    frames = min(round(frames_per_symbol * len(p.ids)), settings.max_decoder_steps)
+    return Job(p.ids, p.seed, frames=max(frames, 1))
 
 
 class _Writer:

@@ -318,3 +318,11 @@ def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
     frames = stop_at.clamp(max=mel.shape[2])
     mel = mel[:, :, : int(frames.max())]
     return model.postprocess(mel, frames), frames, ~stopped_by_gate
+
+
+# The shapes of NVIDIA's published tacotron2_statedict.pt (used by the benchmark,
+# which builds random weights in these shapes).
+PUBLISHED_DIMS = Tacotron2Dims(
+    n_symbols=148, embedding_dim=512, encoder_convs=3, encoder_kernel=5, n_mel=80,
+    prenet_dims=(256, 256), attention_rnn_dim=1024, decoder_rnn_dim=1024, attention_dim=128,
+    location_filters=32, location_kernel=31, postnet_convs=5, postnet_dim=512, postnet_kernel=5)

@@ -204,3 +204,9 @@ class Denoiser(nn.Module):
         spec = torch.polar(magnitude, spec.angle())
         return torch.istft(spec, self.n_fft, self.hop, self.win, self.window,
                            center=True, length=audio.shape[0])
+
+
+# The shapes of NVIDIA's published waveglow_256channels_universal_v5.pt.
+PUBLISHED_DIMS = WaveGlowDims(n_mel=80, n_flows=12, n_group=8, n_early_every=4, n_early_size=2,
+                              wn_layers=8, wn_channels=256, wn_kernel=3, upsample_kernel=1024,
+                              hop_length=256)

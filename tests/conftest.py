@@ -1,0 +1,16 @@
+"""Shared fixtures: tiny checkpoints written in the published file formats."""
+import pytest
+
+from checkpoint_files import write_nvidia_tacotron2, write_pickled_waveglow
+from tiny_models import canonical, tiny_tacotron2, tiny_waveglow
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """(tacotron2 path, waveglow path): NVIDIA's state-dict Tacotron2 file and
+    NVIDIA's pickled-module WaveGlow file, with tiny random weights."""
+    folder = tmp_path_factory.mktemp("checkpoints")
+    tacotron2, waveglow = folder / "tacotron2_statedict.pt", folder / "waveglow_256channels_universal_v5.pt"
+    write_nvidia_tacotron2(tacotron2, canonical(tiny_tacotron2(seed=4)))
+    write_pickled_waveglow(waveglow, canonical(tiny_waveglow(seed=4)))
+    return tacotron2, waveglow

@@ -1,0 +1,139 @@
+"""tts-batch end to end through click's CliRunner, on tiny checkpoints."""
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+from click.testing import CliRunner
+
+from tts_cli.cli import main
+from tiny_models import HOP
+
+CORPUS = (
+    "Printing, in the only sense with which we are at present concerned.\n"
+    "\n"
+    "It cost $3.50 in 1963.\n"
+    "...!?\n"
+    "A much longer line, which goes on and on, so that it lands in another batch than the short ones.\n"
+    "Hi.\n"
+)
+
+
+def run(args, checkpoints, **kwargs):
+    tacotron2, waveglow = checkpoints
+    return CliRunner().invoke(main, [*args, "--tacotron2", str(tacotron2), "--waveglow", str(waveglow),
+                                     "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1",
+                                     "--quiet"], **kwargs)
+
+
+def manifest(out):
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+def test_every_line_gets_a_row_and_every_spoken_line_a_wav(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    out = tmp_path / "out"
+    result = run([str(corpus), "-o", str(out), "--batch-size", "2", "--save-mels"], tiny_checkpoints)
+    assert result.exit_code == 0, result.output
+    rows = manifest(out)
+    assert [r["line"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["id"] for r in rows] == ["000001", "000002", "000003", "000004", "000005", "000006"]
+    assert [r["status"] for r in rows if r["line"] in (2, 4)] == ["skipped", "skipped"]
+    assert rows[2]["normalized_text"] == "it cost three dollars, fifty cents in nineteen sixty-three."
+    spoken = [r for r in rows if r["status"] in ("ok", "truncated")]
+    assert len(spoken) == 4
+    for r in spoken:
+        audio, rate = sf.read(out / r["audio_filepath"], dtype="float32")
+        assert rate == 22050
+        assert len(audio) == r["num_samples"] == r["mel_frames"] * HOP
+        assert r["duration"] == pytest.approx(r["num_samples"] / 22050, abs=1e-6)
+        assert 1 <= r["mel_frames"] <= 12
+        assert (r["status"] == "truncated") == (r["mel_frames"] == 12 and r["reason"] is not None)
+        mel = np.load(out / r["mel_filepath"])
+        assert mel.shape == (16, r["mel_frames"]) and mel.dtype == np.float32
+
+
+def test_same_seed_same_audio_whatever_the_batch_size(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    for batch in ("1", "4"):
+        result = run([str(corpus), "-o", str(tmp_path / batch), "--batch-size", batch,
+                      "--sample-format", "float32"], tiny_checkpoints)
+        assert result.exit_code == 0, result.output
+    for row in manifest(tmp_path / "1"):
+        if row["audio_filepath"]:
+            one = sf.read(tmp_path / "1" / row["audio_filepath"])[0]
+            four = sf.read(tmp_path / "4" / row["audio_filepath"])[0]
+            np.testing.assert_allclose(one, four, atol=1e-4 * max(np.abs(one).max(), 1e-3))
+
+
+def test_ljspeech_format_names_files_by_id(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "metadata.csv"
+    corpus.write_bytes("\ufeffLJ001-0001|Hello there.|Hello there.\r\nLJ001-0002|\xe9t\xe9?|x\r\n".encode()
+                      + b"LJ001-0003|bad \xff byte\n")
+    out = tmp_path / "out"
+    result = run([str(corpus), "-o", str(out), "--format", "ljspeech"], tiny_checkpoints)
+    assert result.exit_code == 1, "a line in error gives exit status 1"
+    rows = manifest(out)
+    assert [r["id"] for r in rows] == ["LJ001-0001", "LJ001-0002", "LJ001-0003"]
+    assert (out / "wavs" / "LJ001-0001.wav").exists() and (out / "wavs" / "LJ001-0002.wav").exists()
+    assert rows[1]["normalized_text"] == "ete?"
+    assert rows[2]["status"] == "error" and "UTF-8" in rows[2]["reason"]
+
+
+def test_duplicate_ids_stop_before_any_work(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "c.tsv"
+    corpus.write_text("a\tone\nb\ttwo\na\tthree\n")
+    out = tmp_path / "out"
+    result = run([str(corpus), "-o", str(out), "--format", "tsv"], tiny_checkpoints)
+    assert result.exit_code == 2
+    assert "c.tsv:3" in result.output and "duplicate id 'a'" in result.output
+    assert not out.exists()
+
+
+def test_a_bad_checkpoint_is_one_line_naming_the_file(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello\n")
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(tiny_checkpoints[1].read_bytes()[:1000])
+    result = run([str(corpus), "-o", str(tmp_path / "out")], (tiny_checkpoints[0], broken))
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line]
+    assert len(lines) == 1 and "broken.pt" in lines[0]
+    swapped = run([str(corpus), "-o", str(tmp_path / "out")], (tiny_checkpoints[1], tiny_checkpoints[1]))
+    assert swapped.exit_code == 2 and "--waveglow" in swapped.output
+
+
+def test_missing_published_checkpoints_say_where_to_get_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("tts_cli.pipeline.checkpoint_dirs", lambda: [tmp_path / "checkpoints"])
+    (tmp_path / "c.txt").write_text("hello\n")
+    result = CliRunner().invoke(main, ["c.txt", "-o", "out", "--device", "cpu"])
+    assert result.exit_code == 2
+    assert "tacotron2_statedict.pt" in result.output and "NVIDIA/tacotron2" in result.output
+
+
+def test_an_existing_manifest_is_kept_unless_forced(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello\n")
+    out = tmp_path / "out"
+    assert run([str(corpus), "-o", str(out)], tiny_checkpoints).exit_code == 0
+    again = run([str(corpus), "-o", str(out)], tiny_checkpoints)
+    assert again.exit_code == 2 and "--force" in again.output
+    assert run([str(corpus), "-o", str(out), "--force"], tiny_checkpoints).exit_code == 0
+
+
+def test_usage_errors_exit_2(tmp_path):
+    result = CliRunner().invoke(main, ["c.txt", "-o", "out", "--batch-size", "0"])
+    assert result.exit_code == 2
+    result = CliRunner().invoke(main, ["c.txt", "-o", "out", "--recipe", str(tmp_path / "none.yaml")])
+    assert result.exit_code == 2 and "none.yaml" in result.output
+
+
+def test_help_lists_the_options():
+    result = CliRunner().invoke(main, ["synth", "--help"])
+    for option in ("--tacotron2", "--waveglow", "--sigma", "--denoiser-strength", "--max-decoder-steps",
+                   "--gate-threshold", "--prenet-dropout", "--seed", "--batch-size", "--sample-format",
+                   "--save-mels", "--format", "--force", "--quiet", "--device", "--precision", "--recipe"):
+        assert option in result.output

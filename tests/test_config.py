@@ -1,0 +1,46 @@
+"""Recipes and overrides."""
+import pytest
+
+from tts_cli.config import ConfigError, Settings, builtin_recipes, load_settings
+
+
+def test_the_default_recipe_holds_the_reference_settings():
+    s = load_settings()
+    assert (s.sigma, s.denoiser_strength, s.max_decoder_steps, s.gate_threshold, s.prenet_dropout) == \
+        (0.666, 0.01, 1000, 0.5, 0.5)
+    assert s.sample_rate == 22050 and s.sample_format == "pcm16" and s.format == "plain"
+    assert "ljspeech" in builtin_recipes()
+
+
+def test_command_line_values_override_the_recipe_and_none_means_unset(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("sigma: 0.5\nbatch_size: 8\n")
+    s = load_settings(str(recipe), {"batch_size": 3, "sigma": None})
+    assert (s.sigma, s.batch_size) == (0.5, 3)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("sigmaa: 1\n", "unknown key"),
+    ("batch_size: many\n", "batch_size must be int"),
+    ("gate_threshold: 1.5\n", "gate_threshold must be between 0 and 1"),
+    ("format: csv\n", "format must be one of"),
+    ("- just a list\n", "mapping"),
+    ("sigma: [\n", "not valid YAML"),
+    ("save_mels: 1\n", "save_mels must be bool"),
+])
+def test_bad_recipes_fail_with_one_line_naming_the_file(tmp_path, text, message):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(text)
+    with pytest.raises(ConfigError, match=message) as e:
+        load_settings(str(recipe))
+    assert str(recipe) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_unknown_recipe_name_lists_the_built_in_ones():
+    with pytest.raises(ConfigError, match="ljspeech"):
+        load_settings("no-such-recipe")
+
+
+def test_settings_are_frozen():
+    with pytest.raises(AttributeError):
+        Settings().sigma = 1.0

@@ -1,0 +1,295 @@
+"""Tests for tts_cli.corpus: one utterance per physical line, in every format."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tts_cli.corpus import FORMATS, CorpusError, Utterance, read_corpus
+
+
+def write_corpus(tmp_path: Path, data: bytes, name: str = "corpus.txt") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def physical_line_count(data: bytes) -> int:
+    """Independent oracle: lines as an editor counts them (LF, CRLF, CR; BOM ignored)."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    if not data:
+        return 0
+    unified = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return unified.count(b"\n") + (0 if unified.endswith(b"\n") else 1)
+
+
+# --- plain ---------------------------------------------------------------------------------
+
+def test_plain_numbers_ids_from_line_and_keeps_text_as_read(tmp_path):
+    path = write_corpus(tmp_path, "Hello world.\n  Spaces kept, \"quotes\" too.  \nÜmlaut café.\n".encode())
+    assert read_corpus(path) == [
+        Utterance(1, "000001", "Hello world."),
+        Utterance(2, "000002", '  Spaces kept, "quotes" too.  '),
+        Utterance(3, "000003", "Ümlaut café."),
+    ]
+
+
+def test_plain_id_width_grows_past_six_digits_for_large_corpora(tmp_path):
+    path = write_corpus(tmp_path, b"x\n" * 1_000_000)
+    rows = read_corpus(path)
+    assert len(rows) == 1_000_000
+    assert rows[0].id == "0000001"
+    assert rows[-1].id == "1000000"
+
+
+def test_bom_and_crlf_are_not_part_of_the_text(tmp_path):
+    path = write_corpus(tmp_path, b"\xef\xbb\xbfFirst.\r\nSecond.\r\n")
+    rows = read_corpus(path)
+    assert [row.text for row in rows] == ["First.", "Second."]
+    assert all(row.problem is None for row in rows)
+
+
+def test_old_mac_cr_line_endings_split_lines(tmp_path):
+    path = write_corpus(tmp_path, b"one\rtwo\rthree")
+    assert [row.text for row in read_corpus(path)] == ["one", "two", "three"]
+
+
+def test_last_line_without_newline_is_kept(tmp_path):
+    path = write_corpus(tmp_path, b"first\nlast without newline")
+    rows = read_corpus(path)
+    assert [row.text for row in rows] == ["first", "last without newline"]
+
+
+def test_trailing_newline_does_not_add_an_empty_row(tmp_path):
+    path = write_corpus(tmp_path, b"first\nsecond\n")
+    assert len(read_corpus(path)) == 2
+
+
+def test_empty_file_has_no_rows(tmp_path):
+    assert read_corpus(write_corpus(tmp_path, b"")) == []
+
+
+def test_empty_and_whitespace_lines_are_kept_with_a_problem(tmp_path):
+    path = write_corpus(tmp_path, b"one\n\n \t \ntwo\n\n")
+    rows = read_corpus(path)
+    assert [(row.line, row.problem) for row in rows] == [
+        (1, None), (2, "empty line"), (3, "empty line"), (4, None), (5, "empty line"),
+    ]
+    # Later lines keep their own numbers: nothing shifted.
+    assert rows[3].id == "000004" and rows[3].text == "two"
+
+
+def test_unicode_line_separators_inside_a_line_do_not_split_it(tmp_path):
+    # str.splitlines() would break on these; the corpus has 2 physical lines.
+    path = write_corpus(tmp_path, "a\u2028b\x85c\x0cd\nnext\n".encode())
+    rows = read_corpus(path)
+    assert [row.text for row in rows] == ["a\u2028b\x85c\x0cd", "next"]
+
+
+def test_invalid_utf8_line_in_the_middle_keeps_its_row_and_neighbours(tmp_path):
+    path = write_corpus(tmp_path, b"Good one.\nCaf\xe9 au lait.\nGood two.\n")
+    rows = read_corpus(path)
+    assert len(rows) == 3
+    assert rows[0] == Utterance(1, "000001", "Good one.")
+    assert rows[2] == Utterance(3, "000003", "Good two.")
+    bad = rows[1]
+    assert (bad.line, bad.id, bad.text) == (2, "000002", "")
+    assert "not valid UTF-8" in bad.problem
+    assert "0xe9" in bad.problem and "column 4" in bad.problem
+
+
+# --- ljspeech / tsv --------------------------------------------------------------------------
+
+def test_ljspeech_reads_id_and_raw_text_and_ignores_normalized_column(tmp_path):
+    path = write_corpus(
+        tmp_path,
+        b"LJ001-0001|Printing, in the only sense|Printing, in the only sense\n"
+        b"LJ001-0002|in 1490.|in fourteen ninety.\n"
+        b"LJ001-0003|two columns only\n",
+        "metadata.csv",
+    )
+    assert read_corpus(path, "ljspeech") == [
+        Utterance(1, "LJ001-0001", "Printing, in the only sense"),
+        Utterance(2, "LJ001-0002", "in 1490."),
+        Utterance(3, "LJ001-0003", "two columns only"),
+    ]
+
+
+def test_tsv_reads_id_and_text_and_ignores_extra_columns(tmp_path):
+    path = write_corpus(tmp_path, b"utt_a\tHello there.\tspeaker1\t0.9\r\nutt.b\tPipes | stay text.\r\n")
+    assert read_corpus(path, "tsv") == [
+        Utterance(1, "utt_a", "Hello there."),
+        Utterance(2, "utt.b", "Pipes | stay text."),
+    ]
+
+
+def test_ljspeech_with_bom_and_crlf(tmp_path):
+    path = write_corpus(tmp_path, b"\xef\xbb\xbfLJ1|One.\r\nLJ2|Two.\r\n")
+    rows = read_corpus(path, "ljspeech")
+    assert [(row.id, row.text) for row in rows] == [("LJ1", "One."), ("LJ2", "Two.")]
+
+
+@pytest.mark.parametrize("fmt, separator", [("ljspeech", b"|"), ("tsv", b"\t")])
+def test_separated_formats_flag_bad_lines_with_placeholder_ids(tmp_path, fmt, separator):
+    lines = [
+        b"a1" + separator + b"fine",
+        b"no separator here",
+        separator + b"text without id",
+        b"a2" + separator + b"   ",
+        b"",
+        b"a3" + separator + b"caf\xe9",
+        b"b\xffd" + separator + b"readable text",
+        b"a4" + separator + b"fine too" + separator + b"\xff ignored column is never decoded",
+    ]
+    rows = read_corpus(write_corpus(tmp_path, b"\n".join(lines) + b"\n"), fmt)
+    assert [row.line for row in rows] == list(range(1, 9))
+    assert [row.id for row in rows] == [
+        "a1", "line-000002", "line-000003", "a2", "line-000005", "a3", "line-000007", "a4",
+    ]
+    assert rows[0].problem is None and rows[7].problem is None
+    assert rows[7].text == "fine too"
+    assert "separator" in rows[1].problem and rows[1].text == "no separator here"
+    assert "empty id" in rows[2].problem and rows[2].text == "text without id"
+    assert rows[3].problem == "empty text"
+    assert rows[4].problem == "empty line"
+    # Bad text: the real id is kept so the manifest names the right utterance.
+    assert rows[5].text == "" and "not valid UTF-8" in rows[5].problem and "column 7" in rows[5].problem
+    # Bad id: placeholder id, but the readable text is still shown.
+    assert rows[6].text == "readable text" and "0xff at column 2" in rows[6].problem
+
+
+# --- ids that would break the output folder ------------------------------------------------
+
+def test_duplicate_id_names_file_and_both_lines(tmp_path):
+    path = write_corpus(tmp_path, b"LJ001-0001|a\nLJ001-0002|b\nLJ001-0001|c\n", "corpus.psv")
+    with pytest.raises(CorpusError) as error:
+        read_corpus(path, "ljspeech")
+    message = str(error.value)
+    assert message == f"{path}:3: duplicate id 'LJ001-0001' (first on line 1); ids must be unique"
+    assert "\n" not in message
+
+
+def test_ids_differing_only_in_case_clash(tmp_path):
+    # On macOS/Windows both would write the same WAV file.
+    path = write_corpus(tmp_path, b"Utt1\ta\nutt1\tb\n")
+    with pytest.raises(CorpusError, match=r":2: id 'utt1' differs only in case from 'Utt1' on line 1"):
+        read_corpus(path, "tsv")
+
+
+@pytest.mark.parametrize("bad_id", ["a/b", "../escape", ".hidden", "-rf", "with space", "tab\x0bid", "é", "a" * 129])
+def test_unsafe_id_names_file_and_line(tmp_path, bad_id):
+    path = write_corpus(tmp_path, b"ok|fine\n" + bad_id.encode() + b"|text\n", "corpus.psv")
+    with pytest.raises(CorpusError) as error:
+        read_corpus(path, "ljspeech")
+    message = str(error.value)
+    assert message.startswith(f"{path}:2: id ")
+    assert "\n" not in message
+
+
+def test_unsafe_id_message_says_what_to_use(tmp_path):
+    path = write_corpus(tmp_path, b"ok|fine\nx|y\nz|w\n\na/b|text\n", "corpus.psv")
+    with pytest.raises(CorpusError) as error:
+        read_corpus(path, "ljspeech")
+    assert str(error.value) == (
+        f"{path}:5: id 'a/b' is not a safe file name "
+        "(use letters, digits, '.', '_' and '-', starting with a letter or digit)"
+    )
+
+
+def test_longest_allowed_id_is_accepted(tmp_path):
+    long_id = "a" * 128
+    rows = read_corpus(write_corpus(tmp_path, long_id.encode() + b"\ttext\n"), "tsv")
+    assert rows[0].id == long_id
+
+
+def test_real_id_equal_to_a_placeholder_is_reported_on_the_real_line(tmp_path):
+    path = write_corpus(tmp_path, b"line-000002|text\nno separator\n")
+    with pytest.raises(CorpusError, match=r":1: id 'line-000002' is the placeholder id of line 2"):
+        read_corpus(path, "ljspeech")
+
+
+# --- file-level errors -----------------------------------------------------------------------
+
+def test_missing_file_is_a_one_line_corpus_error(tmp_path):
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(CorpusError) as error:
+        read_corpus(missing)
+    assert str(error.value) == f"{missing}: no such file; check the corpus path"
+
+
+def test_directory_is_a_one_line_corpus_error(tmp_path):
+    with pytest.raises(CorpusError) as error:
+        read_corpus(tmp_path)
+    assert str(error.value).startswith(f"{tmp_path}: is a directory")
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can read any file")
+def test_unreadable_file_is_a_one_line_corpus_error(tmp_path):
+    path = write_corpus(tmp_path, b"text\n")
+    path.chmod(0)
+    with pytest.raises(CorpusError, match="permission denied"):
+        read_corpus(path)
+
+
+def test_unknown_format_lists_the_formats(tmp_path):
+    path = write_corpus(tmp_path, b"text\n")
+    with pytest.raises(ValueError) as error:
+        read_corpus(path, "csv")
+    for fmt in FORMATS:
+        assert fmt in str(error.value)
+
+
+def test_corpus_error_is_a_value_error():
+    # Callers that catch ValueError for bad input also catch corpus problems.
+    assert issubclass(CorpusError, ValueError)
+
+
+# --- property: never lose or invent a line -----------------------------------------------------
+
+# Bytes built from the pieces that matter (separators, line endings, BOMs,
+# invalid UTF-8, id characters) hit the interesting paths far more often than
+# uniformly random bytes, which are mixed in as well.
+_PIECES = st.sampled_from([
+    b"\n", b"\r", b"\r\n", b"|", b"\t", b"\xef\xbb\xbf", b"\xff", b"\xe9", b"\xc3", b"\xc3\xa9",
+    b" ", b"a", b"B7", b"id-1", b"x.y", b"/", b".", b"\x00", "\u2028".encode(), b"\x85",
+])
+_CORPUS_BYTES = st.one_of(st.binary(max_size=200), st.lists(_PIECES, max_size=60).map(b"".join))
+
+
+def _read_bytes_as_corpus(data: bytes, fmt: str) -> list[Utterance]:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "corpus.txt"
+        path.write_bytes(data)
+        return read_corpus(path, fmt)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=_CORPUS_BYTES)
+def test_plain_any_bytes_give_exactly_one_row_per_physical_line(data):
+    rows = _read_bytes_as_corpus(data, "plain")  # never a CorpusError: ids cannot clash
+    assert len(rows) == physical_line_count(data)
+    assert [row.line for row in rows] == list(range(1, len(rows) + 1))
+    assert len({row.id for row in rows}) == len(rows)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=_CORPUS_BYTES, fmt=st.sampled_from(["ljspeech", "tsv"]))
+def test_separated_any_bytes_give_one_row_per_line_or_a_corpus_error(data, fmt):
+    try:
+        rows = _read_bytes_as_corpus(data, fmt)
+    except CorpusError as error:
+        assert "\n" not in str(error)
+        return
+    assert len(rows) == physical_line_count(data)
+    assert [row.line for row in rows] == list(range(1, len(rows) + 1))
+    assert len({row.id.casefold() for row in rows}) == len(rows)
+    for row in rows:
+        assert row.id  # every row has an id, even a placeholder
+        assert "\n" not in row.text and "\r" not in row.text

@@ -1,0 +1,44 @@
+"""The engine: device and precision policy, whole-batch synthesis independent of the batch."""
+import numpy as np
+import pytest
+import torch
+
+from tts_cli.engine import Engine, Job, SynthesisSettings, resolve_device, resolve_precision
+from tts_cli.tacotron2 import DecodeSettings
+from tiny_models import HOP, tiny_tacotron2, tiny_waveglow
+
+
+def make_engine(**decode):
+    settings = SynthesisSettings(decode=DecodeSettings(**{"max_decoder_steps": 30, **decode}))
+    return Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"),
+                  torch.float32, settings)
+
+
+def test_cpu_runs_fp32_and_says_so():
+    dtype, notice = resolve_precision(torch.device("cpu"), None)
+    assert dtype == torch.float32 and "CPU" in notice
+    dtype, notice = resolve_precision(torch.device("cpu"), "fp16")
+    assert dtype == torch.float32 and "fp16" in notice
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_asking_for_cuda_without_a_gpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="no CUDA device"):
+        resolve_device("cuda")
+    assert resolve_device(None).type == "cpu"
+
+
+def test_a_lines_audio_and_mel_do_not_depend_on_its_batch():
+    engine = make_engine()
+    g = torch.Generator().manual_seed(0)
+    jobs = [Job(torch.randint(12, 64, (n,), generator=g).tolist(), seed=10 + n, frames=f)
+            for n, f in ((4, 6), (70, 30), (15, 17), (2, 3))]
+    together = engine.synthesize(jobs)
+    for job, result in zip(jobs, together):
+        alone = engine.synthesize([job])[0]
+        assert result.frames == alone.frames == job.frames
+        assert result.audio.shape == (job.frames * HOP,)
+        assert result.mel.shape == (16, job.frames)
+        np.testing.assert_allclose(result.mel, alone.mel, atol=1e-5)
+        scale = np.abs(alone.audio).max()
+        np.testing.assert_allclose(result.audio, alone.audio, atol=1e-5 * scale)

@@ -1,0 +1,222 @@
+"""Tests for tts_cli.manifest: one JSON line per corpus line, written atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tts_cli import audio
+from tts_cli.manifest import STATUSES, ManifestRow, read_manifest, summarize, write_manifest
+
+
+def make_row(**overrides) -> ManifestRow:
+    fields = dict(
+        id="LJ001-0001", line=1, text="Printing, in 1490.", normalized_text="printing, in fourteen ninety.",
+        audio_filepath="wavs/LJ001-0001.wav", duration=1.5, num_samples=33075, mel_frames=129,
+        status="ok", reason=None,
+    )
+    fields.update(overrides)
+    return ManifestRow(**fields)
+
+
+def sample_rows() -> list[ManifestRow]:
+    return [
+        make_row(),
+        make_row(id="LJ001-0002", line=2, text="Ünïcode — “quotes”", normalized_text="unicode quotes",
+                 audio_filepath="wavs/LJ001-0002.wav", duration=10.0, num_samples=220500, mel_frames=1000,
+                 status="truncated", reason="hit max_decoder_steps", clipped_samples=7, seed=1234,
+                 mel_filepath="mels/LJ001-0002.npy"),
+        make_row(id="line-000003", line=3, text="", normalized_text="", audio_filepath=None,
+                 duration=0.0, num_samples=0, mel_frames=0, status="skipped", reason="empty line"),
+        make_row(id="LJ001-0004", line=4, audio_filepath=None, duration=0.0, num_samples=0, mel_frames=0,
+                 status="error", reason="CUDA out of memory"),
+    ]
+
+
+# --- one row as JSON ---------------------------------------------------------------------------
+
+def test_to_json_is_one_line_with_keys_in_field_order():
+    row = make_row(text="line one\nline two")
+    line = row.to_json()
+    assert "\n" not in line
+    record = json.loads(line)
+    assert list(record) == [field.name for field in dataclasses.fields(ManifestRow)]
+    assert record["text"] == "line one\nline two"
+
+
+def test_to_json_keeps_non_ascii_readable():
+    line = make_row(text="café — naïve").to_json()
+    assert "café — naïve" in line
+
+
+def test_to_json_stays_one_line_for_characters_splitlines_breaks_on():
+    text = "a\u2028b\u2029c\x85d\x0be\x1cf"
+    line = make_row(text=text).to_json()
+    assert len(line.splitlines()) == 1
+    assert json.loads(line)["text"] == text
+
+
+def test_to_json_rounds_duration_to_microseconds():
+    assert json.loads(make_row(duration=1 / 3).to_json())["duration"] == 0.333333
+    assert json.loads(make_row(duration=np.float32(2.5)).to_json())["duration"] == 2.5
+
+
+def test_to_json_accepts_numpy_scalars_from_the_synthesizer():
+    row = make_row(num_samples=np.int64(33075), mel_frames=np.int32(129), clipped_samples=np.int64(3))
+    record = json.loads(row.to_json())
+    assert (record["num_samples"], record["mel_frames"], record["clipped_samples"]) == (33075, 129, 3)
+
+
+def test_to_json_refuses_nan_duration_which_is_not_json():
+    with pytest.raises(ValueError):
+        make_row(duration=float("nan")).to_json()
+
+
+@pytest.mark.parametrize("status", STATUSES)
+def test_every_documented_status_is_accepted(status):
+    assert make_row(status=status).status == status
+
+
+@pytest.mark.parametrize("status", ["OK", "failed", "", None])
+def test_unknown_status_is_rejected_naming_the_row_and_the_choices(status):
+    with pytest.raises(ValueError) as error:
+        make_row(status=status)
+    message = str(error.value)
+    assert "LJ001-0001" in message and "line 1" in message
+    assert all(choice in message for choice in STATUSES)
+
+
+# --- the manifest file ----------------------------------------------------------------------------
+
+def test_write_then_read_round_trips_every_row_in_order(tmp_path):
+    path = tmp_path / "out" / "manifest.jsonl"
+    rows = sample_rows()
+    write_manifest(path, rows)
+    assert read_manifest(path) == [json.loads(row.to_json()) for row in rows]
+    assert [record["id"] for record in read_manifest(path)] == ["LJ001-0001", "LJ001-0002", "line-000003", "LJ001-0004"]
+
+
+def test_manifest_file_is_utf8_jsonl_with_one_row_per_line(tmp_path):
+    path = tmp_path / "manifest.jsonl"
+    rows = sample_rows()
+    write_manifest(path, rows)
+    data = path.read_bytes()
+    assert data.endswith(b"\n") and b"\r" not in data
+    assert data.decode("utf-8").split("\n")[:-1] == [row.to_json() for row in rows]
+
+
+def test_generator_of_rows_is_accepted(tmp_path):
+    path = tmp_path / "manifest.jsonl"
+    write_manifest(path, (row for row in sample_rows()))
+    assert len(read_manifest(path)) == 4
+
+
+def test_empty_manifest_is_an_empty_file(tmp_path):
+    path = tmp_path / "manifest.jsonl"
+    write_manifest(path, [])
+    assert path.read_bytes() == b""
+    assert read_manifest(path) == []
+
+
+def test_rewrite_replaces_the_previous_manifest_atomically(tmp_path):
+    path = tmp_path / "manifest.jsonl"
+    write_manifest(path, sample_rows())
+    write_manifest(path, sample_rows()[:1])
+    assert len(read_manifest(path)) == 1
+    assert os.listdir(tmp_path) == ["manifest.jsonl"]
+
+
+def test_failure_while_writing_keeps_the_previous_manifest_and_no_temp_file(tmp_path):
+    path = tmp_path / "manifest.jsonl"
+    write_manifest(path, sample_rows())
+    before = path.read_bytes()
+
+    def rows_then_crash():
+        yield make_row()
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        write_manifest(path, rows_then_crash())
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["manifest.jsonl"]
+
+
+def test_manifest_goes_through_atomic_write(tmp_path, monkeypatch):
+    used = []
+    real_atomic_write = audio.atomic_write
+
+    def spying_atomic_write(path):
+        used.append(path)
+        return real_atomic_write(path)
+
+    monkeypatch.setattr("tts_cli.manifest.atomic_write", spying_atomic_write)
+    write_manifest(tmp_path / "manifest.jsonl", sample_rows())
+    assert used == [tmp_path / "manifest.jsonl"]
+
+
+# --- reading damaged manifests ---------------------------------------------------------------------
+
+GOOD_LINE = make_row().to_json()
+
+
+@pytest.mark.parametrize("bad_line, expected", [
+    (b'{"id": "x", "line": 2', "not valid JSON"),  # truncated by a crash mid-write
+    (b"[1, 2]", "expected a JSON object"),
+    (b'{"id": "x"}', "missing keys"),
+    (GOOD_LINE.replace('"status": "ok"', '"status": "done"').encode(), "unknown status 'done'"),
+    (GOOD_LINE.replace('"duration": 1.5', '"duration": NaN').encode(), "not valid JSON"),
+    (b"\xff\xfe", "not valid UTF-8"),
+])
+def test_bad_row_raises_value_error_naming_path_and_line(tmp_path, bad_line, expected):
+    path = tmp_path / "manifest.jsonl"
+    good = GOOD_LINE.encode()
+    path.write_bytes(good + b"\n" + good + b"\n" + bad_line + b"\n")
+    with pytest.raises(ValueError) as error:
+        read_manifest(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}:3: ") and expected in message
+    assert "\n" not in message
+
+
+def test_blank_lines_are_skipped_but_line_numbers_stay_physical(tmp_path):
+    path = tmp_path / "manifest.jsonl"
+    good = make_row().to_json()
+    path.write_text(f"{good}\n\n{good}\r\n{{broken\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"manifest.jsonl:4: "):
+        read_manifest(path)
+    path.write_text(f"{good}\n\n{good}\r\n", encoding="utf-8")
+    assert len(read_manifest(path)) == 2
+
+
+# --- summary ---------------------------------------------------------------------------------------
+
+def test_summarize_counts_every_status_and_totals_audio_and_clipping():
+    assert summarize(sample_rows()) == {
+        "rows": 4,
+        "counts": {"ok": 1, "truncated": 1, "skipped": 1, "error": 1},
+        "audio_seconds": 11.5,
+        "clipped_samples": 7,
+    }
+
+
+def test_summarize_of_nothing_still_has_all_status_keys():
+    assert summarize([]) == {
+        "rows": 0, "counts": {"ok": 0, "truncated": 0, "skipped": 0, "error": 0},
+        "audio_seconds": 0.0, "clipped_samples": 0,
+    }
+
+
+def test_summarize_gives_the_same_answer_from_a_manifest_read_back(tmp_path):
+    path = tmp_path / "manifest.jsonl"
+    rows = sample_rows()
+    write_manifest(path, rows)
+    assert summarize(read_manifest(path)) == summarize(rows)
+
+
+def test_summarize_rejects_a_row_with_an_unknown_status():
+    with pytest.raises(ValueError, match="unknown status 'done'"):
+        summarize([{"id": "x", "status": "done", "duration": 1.0}])

@@ -1,0 +1,529 @@
+"""Tests for tts_cli.text, the Tacotron2 text front end.
+
+Every expected value below was worked out by hand from the rules of NVIDIA's
+tacotron2 front end (text/__init__.py, cleaners.py, numbers.py, symbols.py,
+cmudict.py), never by running our code. If one of these fails, the model is
+being fed different symbols than it was trained on.
+"""
+
+import string
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from tts_cli.text import (
+    PAD_ID,
+    SYMBOLS,
+    UnsupportedTextError,
+    clean_text,
+    expand_numbers,
+    is_speakable,
+    normalize,
+    sequence_to_text,
+    text_to_sequence,
+)
+
+# Independent oracle for the 64 single-character symbols, written from the
+# reference's symbols.py: pad, hyphen, punctuation+space, A-Z, a-z.
+_CHAR_TABLE = "_-!'(),.:;? " + string.ascii_uppercase + string.ascii_lowercase
+
+
+def ids_of(text):
+    """Hand oracle: ids for a string made only of table characters."""
+    return [_CHAR_TABLE.index(c) for c in text]
+
+
+# Phone ids, counted by hand in cmudict.valid_symbols (64 + position).
+HH, AW1, S, AH0, N, ZH = 106, 82, 131, 73, 119, 147
+
+
+# ---------------------------------------------------------------- symbols
+
+
+def test_symbol_table_has_148_unique_symbols():
+    assert len(SYMBOLS) == 148
+    assert len(set(SYMBOLS)) == 148
+
+
+@pytest.mark.parametrize(
+    "index, symbol",
+    [
+        (0, "_"),
+        (1, "-"),
+        (2, "!"),
+        (3, "'"),
+        (7, "."),
+        (10, "?"),
+        (11, " "),
+        (12, "A"),
+        (37, "Z"),
+        (38, "a"),
+        (63, "z"),
+        (64, "@AA"),
+        (65, "@AA0"),
+        (HH, "@HH"),
+        (AW1, "@AW1"),
+        (S, "@S"),
+        (AH0, "@AH0"),
+        (N, "@N"),
+        (147, "@ZH"),
+    ],
+)
+def test_symbol_ids_match_checkpoint_embedding_order(index, symbol):
+    assert SYMBOLS[index] == symbol
+
+
+def test_pad_id_is_underscore():
+    assert PAD_ID == 0
+    assert SYMBOLS[PAD_ID] == "_"
+
+
+def test_every_phone_is_at_prefixed_and_after_the_letters():
+    phones = SYMBOLS[64:]
+    assert len(phones) == 84
+    assert all(p.startswith("@") and p[1:].isupper() for p in phones)
+
+
+# ---------------------------------------------------------------- numbers
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("1,000,000", "one million"),
+        ("10,000", "ten thousand"),
+        # The comma rule knows nothing about lists: the digits fuse.
+        ("1,2,3", "one hundred twenty-three"),
+        # A comma that is not between digits is just punctuation.
+        ("5, 6", "five, six"),
+    ],
+)
+def test_commas_inside_digit_groups_are_removed(text, expected):
+    assert clean_text(text) == expected
+
+
+def test_pounds_rule_in_number_expansion():
+    assert expand_numbers("£5") == "five pounds"
+    assert expand_numbers("£1,000") == "one thousand pounds"
+
+
+def test_pound_sign_is_transliterated_before_numbers_so_pounds_rule_never_fires():
+    # Unidecode turns "£" into "PS" first, so the reference says "psfive".
+    assert clean_text("£5") == "psfive"
+    assert clean_text("£ 5") == "ps five"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("$1", "one dollar"),
+        ("$2", "two dollars"),
+        ("$1.01", "one dollar, one cent"),
+        ("$3.50", "three dollars, fifty cents"),
+        ("$5.00", "five dollars"),
+        ("$0.01", "one cent"),
+        ("$0.00", "zero dollars"),
+        ("$0", "zero dollars"),
+        ("$1,000", "one thousand dollars"),
+        # Dollar figures then go through the year rule like any integer.
+        ("$2500", "twenty-five hundred dollars"),
+        # Cents are the integer after the point, not a fraction.
+        ("$0.5", "five cents"),
+        ("$.05", "five cents"),
+        # A trailing period is a full stop, not part of the amount.
+        ("$5.", "five dollars."),
+        # More than one point: left alone, then read as decimal + number.
+        ("$1.2.3", "one point two.three dollars"),
+    ],
+)
+def test_dollar_amounts(text, expected):
+    assert clean_text(text) == expected
+
+
+def test_dollar_amount_with_stray_comma_is_rejected_like_reference_crash():
+    # The reference raises ValueError from int(",5"); we raise a ValueError
+    # subclass with a message instead of guessing.
+    with pytest.raises(UnsupportedTextError):
+        clean_text("$,5")
+    assert issubclass(UnsupportedTextError, ValueError)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("3.14", "three point fourteen"),
+        ("0.5", "zero point five"),
+        # The fraction is read as an integer, so leading zeros vanish.
+        ("3.05", "three point five"),
+        ("pi is 3.14.", "pi is three point fourteen."),
+    ],
+)
+def test_decimals(text, expected):
+    assert clean_text(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("1st", "first"),
+        ("2nd", "second"),
+        ("3rd", "third"),
+        ("22nd", "twenty-second"),
+        # Ordinals keep inflect's default "and"; plain numbers do not.
+        ("104th", "one hundred and fourth"),
+        ("104", "one hundred four"),
+        ("1ST", "first"),
+        # The suffix is not checked against the digits.
+        ("2th", "second"),
+        # No word boundary: the suffix may start a longer word.
+        ("1stop", "firstop"),
+    ],
+)
+def test_ordinals(text, expected):
+    assert clean_text(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("1995", "nineteen ninety-five"),
+        ("1001", "ten oh one"),
+        ("1905", "nineteen oh five"),
+        ("2007", "two thousand seven"),
+        ("2001", "two thousand one"),
+        ("2000", "two thousand"),
+        ("2010", "twenty ten"),
+        ("1900", "nineteen hundred"),
+        ("1100", "eleven hundred"),
+        ("2999", "twenty-nine ninety-nine"),
+    ],
+)
+def test_numbers_between_1000_and_3000_read_as_years(text, expected):
+    assert clean_text(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("0", "zero"),
+        ("007", "seven"),
+        ("13", "thirteen"),
+        ("999", "nine hundred ninety-nine"),
+        ("1000", "one thousand"),
+        ("3000", "three thousand"),
+        ("10000", "ten thousand"),
+        (
+            "1234567",
+            "one million, two hundred thirty-four thousand, "
+            "five hundred sixty-seven",
+        ),
+        ("-5", "-five"),
+        ("r2d2", "rtwodtwo"),
+    ],
+)
+def test_plain_numbers(text, expected):
+    assert clean_text(text) == expected
+
+
+def test_largest_readable_number_and_the_one_past_it():
+    # inflect stops at the decillions; the reference crashes beyond them.
+    assert clean_text("1" + "0" * 35) == "one hundred decillion"
+    with pytest.raises(UnsupportedTextError):
+        clean_text("1" + "0" * 36)
+    with pytest.raises(UnsupportedTextError):
+        clean_text("1" + "0" * 36 + "th")
+
+
+def test_leading_zeros_do_not_count_towards_the_size_limit():
+    assert clean_text("0" * 40 + "7") == "seven"
+
+
+# ---------------------------------------------------------- abbreviations
+
+
+@pytest.mark.parametrize(
+    "short, long",
+    [
+        ("mrs", "misess"),
+        ("mr", "mister"),
+        ("dr", "doctor"),
+        ("st", "saint"),
+        ("co", "company"),
+        ("jr", "junior"),
+        ("maj", "major"),
+        ("gen", "general"),
+        ("drs", "doctors"),
+        ("rev", "reverend"),
+        ("lt", "lieutenant"),
+        ("hon", "honorable"),
+        ("sgt", "sergeant"),
+        ("capt", "captain"),
+        ("esq", "esquire"),
+        ("ltd", "limited"),
+        ("col", "colonel"),
+        ("ft", "fort"),
+    ],
+)
+def test_each_abbreviation_with_period_is_expanded(short, long):
+    assert clean_text(f"x {short}. y") == f"x {long} y"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Mr. Smith", "mister smith"),
+        ("MRS. Jones", "misess jones"),
+        ("dR. Who", "doctor who"),
+        # The period is consumed, so "Street" at a sentence end becomes
+        # "saint" and the full stop is lost.
+        ("Main St.", "main saint"),
+        ("st.", "saint"),
+        # Needs the period right after the abbreviation.
+        ("Mr Smith", "mr smith"),
+        # Needs a word boundary before it.
+        ("Stop.", "stop."),
+        ("first.", "first."),
+        ("Cost.", "cost."),
+        # Expansions run one at a time; "mister" glues onto "co." and
+        # hides its word boundary, so "co." survives.
+        ("Mr.Co.", "misterco."),
+        # ...while "dr" runs before "st", so here both expand.
+        ("St.Dr.", "saintdoctor"),
+    ],
+)
+def test_abbreviation_matching(text, expected):
+    assert clean_text(text) == expected
+
+
+# ---------------------------------------------------- transliteration
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Café", "cafe"),
+        ("naïve résumé", "naive resume"),
+        ("\u201cHi\u201d", '"hi"'),
+        ("\u2018x\u2019", "'x'"),
+        ("a\u2014b", "a--b"),
+        ("Wait\u2026", "wait..."),
+        ("Stra\u00dfe", "strasse"),
+        ("\u041f\u0440\u0438\u0432\u0435\u0442", "privet"),
+        # CJK comes out as romanized syllables with a trailing space.
+        ("\u6771\u4eac", "dong jing "),
+        # No ASCII equivalent at all: removed.
+        ("a\U0001F600b", "ab"),
+    ],
+)
+def test_transliteration_to_ascii(text, expected):
+    assert clean_text(text) == expected
+
+
+def test_curly_quotes_are_dropped_but_apostrophes_kept_in_ids():
+    # '"' is not a symbol; "'" is (id 3).
+    assert text_to_sequence("\u201cDon\u2019t\u201d") == ids_of("don't")
+
+
+def test_em_dash_becomes_two_hyphens_in_ids():
+    assert text_to_sequence("a\u2014b") == [38, 1, 1, 39]
+
+
+def test_vulgar_fraction_with_installed_unidecode():
+    # Installed Unidecode (>=1.3) maps "½" to " 1/2"; the reference pinned
+    # Unidecode 1.0.22, which gave " 1/2 " (extra trailing space), so
+    # "½x" was " one/two x" there and is " one/twox" here. "/" is dropped.
+    assert clean_text("\u00bdx") == " one/twox"
+    assert sequence_to_text(text_to_sequence("\u00bdx")) == " onetwox"
+
+
+def test_char_unknown_to_unidecode_is_dropped_not_spoken_as_question_mark():
+    # Reference-pinned Unidecode 1.0.22 rendered U+0241 as "[?]", which the
+    # symbol table turned into a "?" (id 10). Installed Unidecode drops it.
+    assert text_to_sequence("a\u0241b") == [38, 39]
+
+
+# --------------------------------------------------------- whitespace
+
+
+def test_whitespace_runs_collapse_without_strip():
+    assert clean_text("  Hello \t\n  world  ") == " hello world "
+
+
+def test_non_breaking_space_is_a_space():
+    assert clean_text("a\u00a0\u00a0b") == "a b"
+
+
+def test_leading_and_trailing_space_survive_into_ids():
+    assert text_to_sequence(" hi ") == [11, 45, 46, 11]
+
+
+# ---------------------------------------------------- dropped characters
+
+
+@pytest.mark.parametrize(
+    "text, kept",
+    [
+        ("a#b*c&d", "abcd"),
+        ("50% off", "fifty off"),
+        ('say "hi"', "say hi"),
+        ("a_b", "ab"),  # "_" is padding, never content
+        ("a~b@c/d", "abcd"),
+        ("x = y + 1", "x  y  one"),
+    ],
+)
+def test_characters_outside_the_table_are_dropped_silently(text, kept):
+    assert text_to_sequence(text) == ids_of(kept)
+
+
+def test_no_end_of_sequence_id_is_appended():
+    assert text_to_sequence("a") == [38]
+    assert text_to_sequence("") == []
+
+
+def test_uppercase_letter_ids_never_appear_for_plain_text():
+    ids = text_to_sequence("HELLO World")
+    assert ids == ids_of("hello world")
+    assert all(not 12 <= i <= 37 for i in ids)
+
+
+# ------------------------------------------------------------- ARPAbet
+
+
+def test_braced_arpabet_maps_to_phone_ids():
+    assert text_to_sequence("{HH AW1 S}") == [HH, AW1, S]
+
+
+def test_design_doc_example_mixed_text_and_phones():
+    ids = text_to_sequence("Turn left on {HH AW1 S} Street.")
+    assert ids == ids_of("turn left on ") + [HH, AW1, S] + ids_of(" street.")
+
+
+def test_text_around_braces_is_cleaned_but_brace_contents_are_not():
+    ids = text_to_sequence("Dr. {AH0  N} 2 {ZH}")
+    assert ids == ids_of("doctor ") + [AH0, N] + ids_of(" two ") + [ZH]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("{HH XX AW1}", [HH, AW1]),  # unknown phone dropped
+        ("{hh aw1}", []),  # phones are case-sensitive
+        ("{HH,}", []),  # punctuation glued to a phone kills it
+        ("{ }", []),
+        ("{HH}{AW1}", [HH, AW1]),
+    ],
+)
+def test_arpabet_edge_cases(text, expected):
+    assert text_to_sequence(text) == expected
+
+
+def test_empty_braces_are_not_arpabet_and_vanish_as_plain_text():
+    assert text_to_sequence("a{}b") == ids_of("ab")
+
+
+def test_unclosed_brace_is_plain_text():
+    assert text_to_sequence("a{HH") == ids_of("ahh")
+
+
+def test_newline_after_braces_discards_the_rest_like_the_reference():
+    # The reference's brace regex cannot cross a newline: everything after
+    # the first newline following a brace pair is lost.
+    assert text_to_sequence("{HH}\nhello") == [HH]
+    assert text_to_sequence("hi {HH} there\nworld") == (
+        ids_of("hi ") + [HH] + ids_of(" there")
+    )
+
+
+def test_newline_before_braces_makes_them_plain_text():
+    # No match at all, so the braces are dropped and "HH" is read as letters.
+    assert text_to_sequence("a\n{HH}") == ids_of("a hh")
+
+
+# ------------------------------------------------------ sequence_to_text
+
+
+def test_sequence_to_text_round_trip_of_plain_text():
+    assert sequence_to_text(text_to_sequence("Hello, world!")) == "hello, world!"
+
+
+def test_sequence_to_text_braces_and_merges_adjacent_phones():
+    assert sequence_to_text([HH, AW1, S]) == "{HH AW1 S}"
+    assert sequence_to_text([45, HH, 11, S]) == "h{HH} {S}"
+
+
+def test_sequence_to_text_skips_ids_outside_the_table():
+    assert sequence_to_text([38, 148, -1, 1000, 39]) == "ab"
+
+
+def test_sequence_to_text_shows_pad_as_underscore():
+    assert sequence_to_text([38, PAD_ID, 39]) == "a_b"
+
+
+def test_sequence_to_text_shows_uppercase_letters():
+    assert sequence_to_text([12, 37]) == "AZ"
+
+
+# ------------------------------------------------------------- normalize
+
+
+def test_normalize_returns_ids_and_their_text():
+    ids, text = normalize("Dr. Smith paid $5.")
+    assert text == "doctor smith paid five dollars."
+    assert ids == ids_of("doctor smith paid five dollars.")
+
+
+def test_normalize_keeps_phones_visible():
+    ids, text = normalize("Say {HH AW1 S}!")
+    assert ids == ids_of("say ") + [HH, AW1, S, 2]
+    assert text == "say {HH AW1 S}!"
+
+
+# ---------------------------------------------------------- is_speakable
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("...", False),
+        ("  ", False),
+        ("", False),
+        ("#?!", False),
+        ("{XX}", False),
+        ("{HH}", True),
+        ("a", True),
+        ("5", True),
+    ],
+)
+def test_is_speakable(text, expected):
+    assert is_speakable(text_to_sequence(text)) is expected
+
+
+def test_is_speakable_on_raw_ids():
+    assert is_speakable([PAD_ID, 1, 11, 7]) is False
+    assert is_speakable([12]) is True  # uppercase letter
+    assert is_speakable([147]) is True  # last phone
+    assert is_speakable([148, -1]) is False
+
+
+# ----------------------------------------------------------- properties
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="{}\n"), max_size=40))
+def test_plain_text_ids_are_exactly_the_kept_characters_of_clean_text(text):
+    try:
+        cleaned = clean_text(text)
+    except UnsupportedTextError:
+        assume(False)
+    ids = text_to_sequence(text)
+    # Never emits padding, phones, or anything outside the table.
+    assert all(1 <= i <= 63 for i in ids)
+    kept = "".join(c for c in cleaned if c in _CHAR_TABLE and c != "_")
+    assert sequence_to_text(ids) == kept
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=64, max_value=147), min_size=1, max_size=8))
+def test_phone_ids_round_trip_through_braced_text(ids):
+    assert text_to_sequence(sequence_to_text(ids)) == ids

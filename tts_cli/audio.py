@@ -1,0 +1,164 @@
+"""Write synthesized audio and mel spectrograms to disk, atomically.
+
+Every file goes through ``atomic_write``: the data is written to a hidden
+temporary file next to the target, flushed to disk, and only then renamed
+onto the final name. A run that is killed (Ctrl-C, OOM killer, pre-emption)
+therefore never leaves a truncated WAV under a name that looks finished,
+which matters because a resumed run skips files that already exist.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import soundfile as sf
+
+SAMPLE_FORMATS = ("pcm16", "float32")
+
+# Full scale for 16-bit PCM. Scaling by 32767 (not 32768) keeps +1.0 and -1.0
+# symmetric; -32768 is only reached by clamping.
+_PCM16_SCALE = 32767.0
+_PCM16_MIN = -32768
+_PCM16_MAX = 32767
+
+
+def write_wav(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
+              sample_format: str = "pcm16") -> int:
+    """Write mono ``audio`` (floats, nominally in [-1, 1]) as a WAV file at ``path``.
+
+    Returns the number of samples that were clipped: for ``pcm16`` the samples
+    with magnitude above 1.0, which are clamped to full scale; for ``float32``
+    always 0, because float WAV stores the values unchanged.
+    """
+    if sample_format not in SAMPLE_FORMATS:
+        raise ValueError(f"unknown sample format {sample_format!r}; use one of: {', '.join(SAMPLE_FORMATS)}")
+    _check_sample_rate(sample_rate, path)
+    samples = _as_mono_float(audio, path)
+    if sample_format == "pcm16":
+        _check_finite(samples, path)
+        data, clipped = _to_pcm16(samples)
+        subtype = "PCM_16"
+    else:
+        # Never renormalize: a quiet or loud utterance must stay as the model made it.
+        # Checked after the cast: a huge float64 value becomes inf in float32,
+        # so the overflow warning is silenced here and reported as an error below.
+        with np.errstate(over="ignore"):
+            data, clipped = samples.astype(np.float32), 0
+        _check_finite(data, path)
+        subtype = "FLOAT"
+    with atomic_write(path) as temp_path:
+        # format= is required: the temporary name ends in .tmp, not .wav.
+        sf.write(temp_path, data, sample_rate, subtype=subtype, format="WAV")
+    return clipped
+
+
+def _to_pcm16(samples: np.ndarray) -> tuple[np.ndarray, int]:
+    """Convert float samples to int16 with clamping; return (pcm, clipped count).
+
+    Done here rather than by libsndfile because libsndfile, unless clipping is
+    switched on, wraps out-of-range floats around, turning a sample at 1.5 into
+    a full-scale negative click instead of a clipped peak.
+    """
+    samples = np.asarray(samples, dtype=np.float64)
+    clipped = int(np.count_nonzero(np.abs(samples) > 1.0))
+    scaled = np.rint(samples * _PCM16_SCALE)
+    pcm = np.clip(scaled, _PCM16_MIN, _PCM16_MAX).astype(np.int16)
+    return pcm, clipped
+
+
+def write_mel(path: str | os.PathLike, mel: np.ndarray) -> None:
+    """Write a mel spectrogram ``[n_mel, frames]`` as a float32 ``.npy`` file."""
+    array = np.asarray(mel, dtype=np.float32)
+    if array.ndim != 2:
+        raise ValueError(f"{os.fspath(path)}: mel must be 2-D [n_mel, frames], got shape {array.shape}")
+    with atomic_write(path) as temp_path:
+        # Save through an open file: np.save(<name>) would append '.npy' to the
+        # temporary name and the rename would then find nothing to move.
+        with open(temp_path, "wb") as mel_file:
+            np.save(mel_file, array, allow_pickle=False)
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success it replaces ``path``.
+
+    The caller writes the complete file to the yielded path. When the block
+    finishes, the file is fsynced and renamed onto ``path`` with
+    ``os.replace`` (atomic on POSIX and Windows within one directory). If the
+    block raises, including KeyboardInterrupt, the temporary file is removed
+    and ``path`` is left as it was. Parent directories are created as needed.
+    """
+    final_path = Path(path)
+    final_path.parent.mkdir(parents=True, exist_ok=True)
+    # Same directory, so the rename never crosses a file system; hidden, so an
+    # abandoned one (after SIGKILL) is not mistaken for output; the pid keeps
+    # concurrent processes writing the same name from sharing a temp file.
+    temp_path = final_path.with_name(f".{final_path.name}.{os.getpid()}.tmp")
+    try:
+        yield temp_path
+        _fsync_file(temp_path)
+        os.replace(temp_path, final_path)
+    except BaseException:
+        _remove_if_present(temp_path)
+        raise
+    _fsync_directory(final_path.parent)
+
+
+def _check_sample_rate(sample_rate: int, path: str | os.PathLike) -> None:
+    """Reject a sample rate that would produce an unplayable or mislabeled file."""
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)) or sample_rate <= 0:
+        raise ValueError(f"{os.fspath(path)}: sample rate must be a positive integer, got {sample_rate!r}")
+
+
+def _as_mono_float(audio: np.ndarray, path: str | os.PathLike) -> np.ndarray:
+    """Return ``audio`` as a 1-D float64 array, or raise if it is not mono float audio."""
+    array = np.asarray(audio)
+    if array.ndim != 1:
+        raise ValueError(f"{os.fspath(path)}: audio must be 1-D (mono), got shape {array.shape}")
+    # Integer audio has no agreed full scale (int16? int32?), so guessing would
+    # risk writing noise; the synthesizer always produces floats.
+    if not np.issubdtype(array.dtype, np.floating):
+        raise ValueError(f"{os.fspath(path)}: audio must be floating point in [-1, 1], got dtype {array.dtype}")
+    return array.astype(np.float64, copy=False)
+
+
+def _check_finite(samples: np.ndarray, path: str | os.PathLike) -> None:
+    """Last guard: NaN or inf would become silence or full-scale noise in the file."""
+    bad = int(np.count_nonzero(~np.isfinite(samples)))
+    if bad:
+        raise ValueError(f"{os.fspath(path)}: audio has {bad} NaN or infinite samples; refusing to write it")
+
+
+def _fsync_file(path: Path) -> None:
+    """Force the file's data to disk so the rename never exposes unwritten blocks."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Best effort: persist the rename itself; not possible on every OS/file system."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def _remove_if_present(path: Path) -> None:
+    """Delete a temporary file, ignoring that it may never have been created."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,251 @@
+"""``tts-batch bench``: one run, one table, ratios measured side by side.
+
+Builds Tacotron2 and WaveGlow with random weights in the published shapes (no
+download), runs a corpus end to end through the same pipeline as ``tts-batch``
+(WAVs and manifest written to a temporary directory), and measures in the same
+process: audio seconds per wall second, GPU busy fraction (profiler trace),
+Tacotron2 ms per decoder step, WaveGlow TFLOP/s against a matmul ceiling
+measured now, peak memory, startup time, and the same lines through a naive
+batch-of-one loop of our own models (the reference's way of running).
+
+Random weights never stop on their own, so every line's decode length is fixed
+at round(5.7 x symbols) frames (LJSpeech's average speaking rate) through the
+benchmark-only frame override; the gate is still computed every step.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from tts_cli import text as frontend
+from tts_cli.config import Settings, load_settings
+from tts_cli.corpus import read_corpus
+from tts_cli.engine import Engine, Job, SynthesisSettings, resolve_device, resolve_precision
+from tts_cli.pipeline import synthesize_corpus
+from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, DecodeSettings, Tacotron2
+from tts_cli.waveglow import PUBLISHED_DIMS as WAVEGLOW_DIMS, WaveGlow, WaveGlowDims
+
+FRAMES_PER_SYMBOL = 5.7
+SAMPLE_CORPUS = Path(__file__).parent / "data" / "ljspeech_2000.psv"
+
+
+def random_models(seed: int = 0) -> tuple[Tacotron2, WaveGlow]:
+    """Full-size models with PyTorch's default initialisation; the 1x1
+    convolutions are random rotations (invertible), as WaveGlow initialises them."""
+    torch.manual_seed(seed)
+    tacotron2, waveglow = Tacotron2(TACOTRON2_DIMS).eval(), WaveGlow(WAVEGLOW_DIMS).eval()
+    for conv in waveglow.convinv:
+        c = conv.conv.weight.shape[0]
+        conv.conv.weight.data = torch.linalg.qr(torch.randn(c, c))[0][:, :, None]
+    return tacotron2, waveglow
+
+
+def waveglow_flops_per_sample(d: WaveGlowDims) -> float:
+    """Multiply-adds x 2 of WaveGlow's inverse per audio sample (upsampler included)."""
+    c, layers, per_step = d.wn_channels, d.wn_layers, 0
+    remaining = d.n_group
+    for k in range(d.n_flows):
+        if k % d.n_early_every == 0 and k > 0:
+            remaining -= d.n_early_size
+        half = remaining // 2
+        per_step += half * c + d.n_mel * d.n_group * 2 * c * layers       # start, conditioning
+        per_step += layers * c * d.wn_kernel * 2 * c                      # dilated convolutions
+        per_step += (layers - 1) * c * 2 * c + c * c + c * 2 * half       # res/skip, end
+        per_step += remaining * remaining                                 # 1x1 inverse
+    upsample = d.n_mel * d.n_mel * d.upsample_kernel / d.hop_length
+    return 2.0 * (per_step / d.n_group + upsample)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device, repeats: int = 3) -> float:
+    """Median seconds of ``fn()`` after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_ceiling_tflops(device: torch.device, dtype: torch.dtype) -> float:
+    if device.type != "cuda":
+        return float("nan")
+    a = torch.randn(8192, 8192, device=device, dtype=dtype)
+    b = torch.randn(8192, 8192, device=device, dtype=dtype)
+    seconds = _timed(lambda: [a @ b for _ in range(10)], device) / 10
+    return 2 * 8192 ** 3 / seconds / 1e12
+
+
+def gpu_busy_fraction(run, device: torch.device) -> float:
+    """Union of kernel and copy intervals over the wall time of ``run()``."""
+    if device.type != "cuda":
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _sync(device)
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        wall_us = (time.perf_counter() - start) * 1e6
+    intervals = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type == torch.autograd.DeviceType.CUDA)
+    busy, end = 0.0, float("-inf")
+    for s, e in intervals:
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    return min(busy / wall_us, 1.0) if wall_us > 0 else float("nan")
+
+
+@dataclass
+class BenchSettings:
+    corpus: Path = SAMPLE_CORPUS
+    format: str = "ljspeech"
+    lines: int | None = None          # first N lines; None = all
+    batch_size: int = 64
+    baseline_lines: int = 20          # lines through the naive batch-of-one loop
+    device: str | None = None
+    precision: str | None = None
+
+
+def run_bench(b: BenchSettings, echo=print) -> dict:
+    device = resolve_device(b.device)
+    dtype, _ = resolve_precision(device, b.precision)
+    precision = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    settings = load_settings(overrides={"batch_size": b.batch_size, "format": b.format,
+                                        "device": str(device), "precision": precision,
+                                        "quiet": True, "seed": 0})
+    corpus = _first_lines(b.corpus, b.lines)
+    echo(f"bench: {device} {torch.cuda.get_device_name(device) if device.type == 'cuda' else ''} "
+         f"{precision}, torch {torch.__version__}, corpus {b.corpus.name}")
+
+    _sync(device)
+    started = time.perf_counter()
+    engine = Engine(*random_models(), device, dtype, _synthesis(settings))
+    _warm_up(engine)
+    _sync(device)
+    startup = time.perf_counter() - started
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = synthesize_corpus(settings, corpus, Path(tmp) / "out", on_notice=lambda m: None,
+                                    engine=engine, frames_per_symbol=FRAMES_PER_SYMBOL)
+        peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
+        window = _first_lines(b.corpus, min(2 * b.batch_size, summary.counts["ok"] or 1), Path(tmp) / "w.txt")
+        busy = gpu_busy_fraction(lambda: synthesize_corpus(
+            replace(settings, force=True), window, Path(tmp) / "busy", on_notice=lambda m: None,
+            engine=engine, frames_per_symbol=FRAMES_PER_SYMBOL), device)
+        baseline = _baseline(engine, b, settings, Path(tmp))
+
+    step_ms_1 = _decoder_ms_per_step(engine, 1)
+    step_ms_b = _decoder_ms_per_step(engine, b.batch_size)
+    wg_tflops = _waveglow_tflops(engine)
+    ceiling = matmul_ceiling_tflops(device, torch.float16 if dtype == torch.float32 else dtype)
+    speed = summary.speed
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "precision": precision, "corpus": str(b.corpus),
+        "lines": len(summary.rows), "batch_size": b.batch_size,
+        "audio_seconds": summary.audio_seconds, "wall_seconds": summary.wall_seconds,
+        "audio_seconds_per_second": speed,
+        "samples_per_second": speed * settings.sample_rate,
+        "gpu_busy_fraction": busy,
+        "decoder_ms_per_step_batch1": step_ms_1,
+        "decoder_frames_per_second_bench_batch": b.batch_size / step_ms_b * 1e3,
+        "waveglow_tflops": wg_tflops, "matmul_ceiling_tflops": ceiling,
+        "waveglow_fraction_of_ceiling": wg_tflops / ceiling,
+        "peak_gpu_memory_gib": peak, "startup_seconds": startup,
+        "baseline_lines": baseline["lines"],
+        "baseline_audio_seconds_per_second": baseline["speed"],
+        "speedup_over_baseline": speed / baseline["speed"] if baseline["speed"] else float("nan"),
+    }
+    return result
+
+
+def _first_lines(corpus: Path, n: int | None, to: Path | None = None) -> Path:
+    if n is None:
+        return corpus
+    to = to or Path(tempfile.mkdtemp()) / corpus.name
+    with open(corpus, "rb") as f:
+        to.write_bytes(b"".join(line for _, line in zip(range(n), f)))
+    return to
+
+
+def _synthesis(s: Settings) -> SynthesisSettings:
+    return SynthesisSettings(sigma=s.sigma, denoiser_strength=s.denoiser_strength,
+                             decode=DecodeSettings(max_decoder_steps=s.max_decoder_steps,
+                                                   gate_threshold=s.gate_threshold,
+                                                   prenet_dropout=s.prenet_dropout))
+
+
+def _warm_up(engine: Engine) -> None:
+    ids = frontend.text_to_sequence("Warming up the engine.")
+    engine.synthesize([Job(ids, seed=0, frames=40)])
+
+
+def _baseline(engine: Engine, b: BenchSettings, settings: Settings, tmp: Path) -> dict:
+    """The reference's way of running: batch of one, eager, line after line."""
+    corpus = _first_lines(b.corpus, b.baseline_lines, tmp / "baseline.txt")
+    summary = synthesize_corpus(replace(settings, batch_size=1), corpus, tmp / "baseline",
+                                on_notice=lambda m: None, engine=engine.eager(),
+                                frames_per_symbol=FRAMES_PER_SYMBOL)
+    return {"lines": len(summary.rows), "speed": summary.speed}
+
+
+def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
+    """Slope of decode time against steps: fixed costs (encoder, postnet) cancel."""
+    ids = frontend.text_to_sequence("A sentence of ordinary length for timing the decoder steps.")
+    def run(frames):
+        return _timed(lambda: engine.decode_only([Job(ids, seed=i, frames=frames) for i in range(batch)]),
+                      engine.device)
+    return (run(300) - run(100)) / 200 * 1e3
+
+
+def _waveglow_tflops(engine: Engine, batch: int = 32, frames: int = 800) -> float:
+    d = engine.waveglow.dims
+    mel = torch.randn(batch, d.n_mel, frames, device=engine.device, dtype=engine.dtype)
+    lengths = torch.full((batch,), frames, device=engine.device)
+    seconds = _timed(lambda: engine.vocode(mel, lengths), engine.device)
+    return waveglow_flops_per_sample(d) * batch * frames * d.hop_length / seconds / 1e12
+
+
+TABLE = [
+    ("audio seconds per wall second", "audio_seconds_per_second", "{:.1f}"),
+    ("samples per second", "samples_per_second", "{:.3g}"),
+    ("GPU busy (steady state)", "gpu_busy_fraction", "{:.1%}"),
+    ("Tacotron2 ms per decoder step, batch 1", "decoder_ms_per_step_batch1", "{:.3f}"),
+    ("Tacotron2 frames/s at bench batch", "decoder_frames_per_second_bench_batch", "{:.0f}"),
+    ("WaveGlow TFLOP/s", "waveglow_tflops", "{:.1f}"),
+    ("matmul ceiling TFLOP/s (measured now)", "matmul_ceiling_tflops", "{:.1f}"),
+    ("WaveGlow fraction of ceiling", "waveglow_fraction_of_ceiling", "{:.1%}"),
+    ("peak GPU memory GiB", "peak_gpu_memory_gib", "{:.1f}"),
+    ("startup s (build, warm-up)", "startup_seconds", "{:.1f}"),
+    ("naive batch-1 loop: audio s per wall s", "baseline_audio_seconds_per_second", "{:.1f}"),
+    ("speed-up over naive loop", "speedup_over_baseline", "{:.1f}x"),
+]
+
+
+def format_table(r: dict) -> str:
+    head = (f"{r['lines']} lines, {r['audio_seconds']:.0f} s of audio, batch {r['batch_size']}, "
+            f"{r['precision']}, {r['device']}, torch {r['torch']}")
+    rows = [f"| {name} | {fmt.format(r[key])} |" for name, key, fmt in TABLE]
+    return "\n".join([head, "", "| measure | value |", "|---|---|", *rows])
+
+
+def write_json(result: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,0 +1,531 @@
+"""Read Tacotron2 and WaveGlow checkpoint files into canonical weight dicts.
+
+This is the only module that knows how checkpoints are laid out on disk.  The
+loaders return a flat ``{name: tensor}`` dict (CPU, float32, contiguous) whose
+names are those of NVIDIA's reference models, without any wrapper prefix; the
+model modules build networks from it, reading every size off tensor shapes.
+
+Formats understood
+------------------
+* NVIDIA/tacotron2 ``tacotron2_statedict.pt``: a dict with ``iteration``,
+  ``state_dict``, ``optimizer``, ``learning_rate``.
+* NVIDIA/waveglow ``waveglow_256channels_universal_v5.pt`` and the older
+  releases: a dict with ``model``, ``iteration``, ``optimizer``,
+  ``learning_rate`` where ``model`` is a pickled ``glow.WaveGlow`` module with
+  weight norm (``weight_g``/``weight_v``).  Current releases carry one fused
+  ``WN.k.cond_layer``; releases before Aug 2019 carry ``WN.k.cond_layers.i``.
+* NVIDIA DeepLearningExamples / NGC: a dict with ``epoch``, ``config``,
+  ``state_dict``; names prefixed ``module.``; fp32 or fp16; WaveGlow with
+  per-layer ``cond_layers`` in weight-norm form.
+* A bare state_dict, or a state_dict stored as a dict under ``model``.
+* Both torch serializations: the zip container (torch >= 1.6) and the older
+  non-zip one.  Names in the state_dict may also be in modern
+  ``parametrizations.weight.original0/1`` weight-norm form.
+
+Canonical WaveGlow names follow the current NVIDIA/waveglow ``glow.py``:
+weight norm is folded into plain ``.weight`` tensors, per-layer conditioning
+convolutions are fused into ``WN.k.cond_layer``, and everything that is not a
+weight of the network (cached ``W_inverse`` and the like) is dropped.
+
+Safety: files are read only with torch's weights-only unpickler.  Pickled
+modules are admitted through inert stand-in classes that merely hold the
+pickled attributes; nothing named in the file is imported or called, so the
+``glow`` package need not be installed and a hostile file cannot run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import pickletools
+import re
+import warnings
+
+import torch
+
+__all__ = [
+    "CheckpointError",
+    "load_tacotron2_weights",
+    "load_waveglow_weights",
+    "file_digest",
+]
+
+
+class CheckpointError(Exception):
+    """A checkpoint file could not be used; the message is one line for the user."""
+
+
+# --------------------------------------------------------------------------
+# Reading the file safely
+
+
+class _Inert:
+    """Holds the attributes of a pickled object without being that object.
+
+    torch's weights-only unpickler creates admitted classes with
+    ``cls.__new__(cls)`` and then hands the pickled attribute dict to
+    ``__setstate__``.  Keeping it in ``state`` (rather than in ``__dict__``)
+    means no pickled value can shadow a method of ours.
+    """
+
+    pickled_as = "?"
+
+    def __setstate__(self, state):
+        self.state = state if isinstance(state, dict) else {}
+
+    def __repr__(self):
+        return f"<stand-in for {self.pickled_as}>"
+
+
+def _inert_class(dotted_name: str) -> type:
+    short = dotted_name.rsplit(".", 1)[-1]
+    return type(short, (_Inert,), {"pickled_as": dotted_name})
+
+
+# Every class a pickled NVIDIA WaveGlow names.  The torch.nn ones are mapped
+# to stand-ins too: building real modules from old pickles would go through
+# their __setstate__ and trip over attributes later torch versions expect.
+_STAND_IN_NAMES = (
+    "glow.WaveGlow",
+    "glow.WN",
+    "glow.Invertible1x1Conv",
+    "torch.nn.modules.conv.Conv1d",
+    "torch.nn.modules.conv.ConvTranspose1d",
+    "torch.nn.modules.container.ModuleList",
+    "torch.nn.utils.weight_norm.WeightNorm",
+)
+_STAND_INS = [(_inert_class(name), name) for name in _STAND_IN_NAMES]
+
+
+def _no_backend(*_args):
+    """Stand-in for torch<1.4's ``_get_thnn_function_backend``; modules saved
+    then pickle their ``_backend`` attribute as a call to it."""
+    return None
+
+
+# --------------------------------------------------------------------------
+# Pickled modules in the pre-1.6 (non-zip) format
+#
+# torch < 1.6 saved each nn.Module subclass as a persistent id
+# ('module', cls, source_file, source) so that loading could warn when the
+# class's source had changed.  torch's weights-only unpickler accepts only
+# storage persistent ids, so it refuses every pickled-model file of that era,
+# the published WaveGlow releases included.  We rewrite just those records,
+# before torch reads the file, into a call of _legacy_module_record (admitted
+# below), which hands back the class; the class itself is still a GLOBAL in
+# the record, so it must be one we admit.
+
+_LEGACY_MODULE_REFUSAL = "Only persistent_load of storage is allowed"
+_RECORD_CALLEE = "tts_batch.legacy_module_record"
+_RECORD_CALL = pickle.GLOBAL + b"tts_batch\nlegacy_module_record\n"
+_TUPLE1_REDUCE = pickle.TUPLE1 + pickle.REDUCE
+_STRING_OPS = ("BINUNICODE", "SHORT_BINUNICODE", "SHORT_BINSTRING", "BINSTRING")
+_PUT_OPS = ("BINPUT", "LONG_BINPUT")
+
+
+def _legacy_module_record(record):
+    if (isinstance(record, tuple) and len(record) >= 2
+            and isinstance(record[1], type) and issubclass(record[1], _Inert)):
+        return record[1]
+    raise pickle.UnpicklingError("malformed legacy module record")
+
+
+def _module_record_spans(f) -> list[tuple[int, int]]:
+    """(MARK, BINPERSID) offsets of each module record in the pickle at f.
+
+    A record is MARK <'module'> <class> <file> <source> TUPLE [BINPUT]
+    BINPERSID; 'module' is a string the first time and a memo fetch after.
+    Only opcodes are parsed here; nothing is built or called.
+    """
+    marks, first_after, module_memo, spans = [], {}, set(), []
+    last, record_mark = ("", None), None
+    for op, arg, pos in pickletools.genops(f):
+        if last[0] == "MARK":
+            first_after[marks[-1]] = (op.name, arg)
+        if op.name in _PUT_OPS and _is_module_string(last):
+            module_memo.add(arg)
+        if op.name == "BINPERSID" and record_mark is not None:
+            spans.append((record_mark, pos))
+        if op.name not in _PUT_OPS:
+            record_mark = None
+        if op.name == "MARK":
+            marks.append(pos)
+        elif pickletools.markobject in op.stack_before:
+            mark = marks.pop()
+            first = first_after.get(mark, ("", None))
+            if op.name == "TUPLE" and (_is_module_string(first) or (
+                    first[0].endswith("GET") and first[1] in module_memo)):
+                record_mark = mark
+        last = (op.name, arg)
+    return spans
+
+
+def _is_module_string(op_and_arg) -> bool:
+    return op_and_arg[0] in _STRING_OPS and op_and_arg[1] in ("module", b"module")
+
+
+def _without_module_records(f) -> io.BufferedReader:
+    """The legacy file at f with its module records rewritten (see above)."""
+    for _ in range(3):  # magic number, protocol version, system info
+        for _ in pickletools.genops(f):
+            pass
+    start = f.tell()
+    spans = _module_record_spans(f)
+    end = f.tell()
+    f.seek(start)
+    main = f.read(end - start)
+    f.seek(0)
+    pieces, at = [f.read(start)], 0
+    for mark, persid in spans:
+        mark, persid = mark - start, persid - start
+        pieces += [main[at:mark], _RECORD_CALL, main[mark:persid], _TUPLE1_REDUCE]
+        at = persid + 1
+    pieces.append(main[at:])
+    return io.BufferedReader(_Spliced(b"".join(pieces), f, end), 1 << 20)
+
+
+class _Spliced(io.RawIOBase):
+    """Read-only file made of `head`, then the bytes of `f` from `tail_at` on
+    (so the tensors of a large file are not copied in memory first)."""
+
+    def __init__(self, head: bytes, f, tail_at: int):
+        super().__init__()
+        self._head, self._f, self._tail_at, self._pos = head, f, tail_at, 0
+        self._size = len(head) + os.fstat(f.fileno()).st_size - tail_at
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer):
+        view = memoryview(buffer).cast("B")
+        if self._pos < len(self._head):
+            data = self._head[self._pos:self._pos + len(view)]
+            view[:len(data)] = data
+            count = len(data)
+        else:
+            self._f.seek(self._tail_at + self._pos - len(self._head))
+            count = self._f.readinto(view) or 0
+        self._pos += count
+        return count
+
+
+_SAFE_GLOBALS = _STAND_INS + [
+    (_no_backend, "torch.nn.backends.thnn._get_thnn_function_backend"),
+    (_legacy_module_record, _RECORD_CALLEE),
+]
+
+
+_GLOBAL_RE = re.compile(r"GLOBAL (\S+?)(?: was not an allowed global| whose module)")
+_TORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue",
+                      "Check the documentation", "In PyTorch 2.6")
+
+
+def _read(path) -> object:
+    """torch.load the file with the weights-only unpickler, or raise CheckpointError."""
+    name = os.fspath(path)
+    if not os.path.exists(name):
+        raise CheckpointError(f"{name}: no such file")
+    if os.path.isdir(name):
+        raise CheckpointError(f"{name}: is a directory, not a checkpoint file")
+    try:
+        # An open file rather than a path: torch >= 2.13 would otherwise pick
+        # a loader by file suffix (.safetensors) and behave unlike 2.11.
+        f = open(name, "rb")
+    except OSError as exc:
+        raise CheckpointError(f"{name}: cannot read: {exc.strerror or exc}") from exc
+    with f:
+        try:
+            try:
+                return _weights_only_load(f)
+            except pickle.UnpicklingError as exc:
+                if _LEGACY_MODULE_REFUSAL not in str(exc):
+                    raise
+            f.seek(0)
+            return _weights_only_load(_without_module_records(f))
+        except Exception as exc:  # torch raises many types for bad files
+            raise _explain_load_failure(name, exc) from exc
+
+
+def _weights_only_load(f) -> object:
+    with torch.serialization.safe_globals(_SAFE_GLOBALS), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*TorchScript archive.*")
+        # mmap=False: mmap is refused for the older non-zip format, and a
+        # global torch config could otherwise switch it on.
+        return torch.load(f, map_location="cpu", weights_only=True, mmap=False)
+
+
+def _explain_load_failure(name: str, exc: Exception) -> CheckpointError:
+    text = str(exc)
+    match = _GLOBAL_RE.search(text)
+    if match:
+        found = match.group(1)
+        if found.startswith("glow_old."):
+            return CheckpointError(
+                f"{name}: is an early WaveGlow release ({found}) whose flows differ "
+                "from current WaveGlow; use waveglow_256channels_universal_v5.pt or newer")
+        return CheckpointError(
+            f"{name}: refused: the file names the Python object '{found}', which a "
+            "Tacotron2/WaveGlow checkpoint does not need and which could run code; "
+            "re-download the checkpoint from its publisher")
+    if "TorchScript" in text:
+        return CheckpointError(
+            f"{name}: is a TorchScript archive, not a checkpoint; "
+            "save the model's state_dict() with torch.save instead")
+    return CheckpointError(
+        f"{name}: not a readable PyTorch checkpoint (truncated or corrupt?): "
+        f"{_one_line(exc)}")
+
+
+def _one_line(exc: Exception) -> str:
+    """The most telling line of an exception message, without torch's advice."""
+    for line in str(exc).splitlines():
+        line = line.strip()
+        if line and not line.startswith(_TORCH_BOILERPLATE):
+            return f"{type(exc).__name__}: {line[:200]}"
+    return type(exc).__name__
+
+
+# --------------------------------------------------------------------------
+# Finding the weights inside what was loaded
+
+
+def _module_tensors(module: _Inert, prefix: str, out: dict, seen: set) -> None:
+    """Flatten a pickled module tree the way nn.Module.state_dict() names it."""
+    if id(module) in seen:  # a crafted pickle can make a module its own child
+        return
+    seen.add(id(module))
+    state = module.state
+    skip = state.get("_non_persistent_buffers_set") or ()
+    for table in ("_parameters", "_buffers"):
+        for key, value in (state.get(table) or {}).items():
+            if isinstance(value, torch.Tensor) and key not in skip:
+                out[prefix + str(key)] = value
+    for key, child in (state.get("_modules") or {}).items():
+        if isinstance(child, _Inert):
+            _module_tensors(child, f"{prefix}{key}.", out, seen)
+
+
+def _find_weights(obj, depth: int = 0) -> dict | None:
+    """The name->tensor mapping in a loaded checkpoint, wherever it is kept."""
+    if isinstance(obj, _Inert):
+        found: dict = {}
+        _module_tensors(obj, "", found, set())
+        return found or None
+    if not isinstance(obj, dict) or depth > 3:
+        return None
+    for key in ("state_dict", "model"):
+        if key in obj:
+            found = _find_weights(obj[key], depth + 1)
+            if found:
+                return found
+    tensors = {k: v for k, v in obj.items()
+               if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    return tensors or None
+
+
+def _strip_wrappers(weights: dict) -> dict:
+    # DataParallel / DistributedDataParallel prefix every name with "module.".
+    out = {}
+    for key, value in weights.items():
+        while key.startswith("module."):
+            key = key[len("module."):]
+        out[key] = value
+    return out
+
+
+def _kind(weights: dict) -> str | None:
+    keys = weights.keys()
+    if "embedding.weight" in keys and any(k.startswith("decoder.") for k in keys):
+        return "tacotron2"
+    if "upsample.weight" in keys and any(k.startswith("WN.0.") for k in keys):
+        return "waveglow"
+    return None
+
+
+def _describe(obj) -> str:
+    if isinstance(obj, dict):
+        keys = [str(k) for k in obj.keys()]
+        shown = ", ".join(keys[:8]) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
+        return f"top-level keys: {shown or 'none'}"
+    if isinstance(obj, _Inert):
+        return f"a pickled {obj.pickled_as} object"
+    return f"a {type(obj).__name__} object at top level"
+
+
+_OTHER_FLAG = {"tacotron2": ("WaveGlow", "--waveglow"),
+               "waveglow": ("Tacotron2", "--tacotron2")}
+
+
+def _weights_for(path, wanted: str) -> dict:
+    """Load a file and return its prefix-free weights, checked to be `wanted`."""
+    name = os.fspath(path)
+    obj = _read(name)
+    weights = _find_weights(obj)
+    weights = _strip_wrappers(weights) if weights else {}
+    kind = _kind(weights)
+    if kind == wanted:
+        return weights
+    if kind is not None:
+        other, flag = _OTHER_FLAG[wanted]
+        raise CheckpointError(
+            f"{name}: looks like a {other} checkpoint; pass it as {flag}")
+    raise CheckpointError(
+        f"{name}: holds neither Tacotron2 nor WaveGlow weights ({_describe(obj)})")
+
+
+def _as_float32(weights: dict) -> dict:
+    return {k: v.detach().to(device="cpu", dtype=torch.float32).contiguous()
+            for k, v in weights.items()}
+
+
+def _require(name: str, weights: dict, needed, model: str) -> None:
+    missing = [k for k in needed if k not in weights]
+    if missing:
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise CheckpointError(
+            f"{name}: {model} checkpoint is incomplete or of an unknown variant; "
+            f"missing {shown}")
+
+
+# --------------------------------------------------------------------------
+# Tacotron2
+
+_TACOTRON2_PARTS = ("embedding.", "encoder.", "decoder.", "postnet.")
+_TACOTRON2_NEEDED = (
+    "embedding.weight",
+    "encoder.convolutions.0.0.conv.weight",
+    "encoder.lstm.weight_ih_l0",
+    "decoder.attention_rnn.weight_ih",
+    "decoder.decoder_rnn.weight_ih",
+    "decoder.linear_projection.linear_layer.weight",
+    "decoder.gate_layer.linear_layer.weight",
+    "postnet.convolutions.0.0.conv.weight",
+)
+
+
+def load_tacotron2_weights(path) -> dict[str, torch.Tensor]:
+    """Canonical Tacotron2 weights (NVIDIA/tacotron2 model.py names) from `path`."""
+    weights = _weights_for(path, "tacotron2")
+    # BatchNorm's step counter is training state, not a weight.
+    kept = {k: v for k, v in weights.items()
+            if k.startswith(_TACOTRON2_PARTS) and not k.endswith("num_batches_tracked")}
+    _require(os.fspath(path), kept, _TACOTRON2_NEEDED, "Tacotron2")
+    return _as_float32(kept)
+
+
+# --------------------------------------------------------------------------
+# WaveGlow
+
+_WAVEGLOW_KEY = re.compile(
+    r"upsample\.(weight|bias)"
+    r"|WN\.\d+\.(start|end|cond_layer)\.(weight|bias)"
+    r"|WN\.\d+\.(in_layers|res_skip_layers)\.\d+\.(weight|bias)"
+    r"|convinv\.\d+\.conv\.weight")
+_PER_LAYER_COND = re.compile(r"(WN\.\d+)\.cond_layers\.(\d+)\.(weight|bias)")
+_WEIGHT_NORM_PAIRS = ((".weight_g", ".weight_v", ".weight"),
+                      (".parametrizations.weight.original0",
+                       ".parametrizations.weight.original1", ".weight"))
+
+
+def _fold(name: str, key: str, g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """w = g * v / ||v||, the norm taken over every dim where g has size 1.
+
+    That covers weight_norm's default dim=0 (g is [out, 1, 1]) as well as any
+    other dim it was applied on; float64 keeps fp16 files from losing bits.
+    """
+    if g.dim() not in (0, v.dim()) or any(
+            gs not in (1, vs) for gs, vs in zip(g.shape, v.shape)):
+        raise CheckpointError(
+            f"{name}: weight-norm tensors of {key} do not match "
+            f"({tuple(g.shape)} vs {tuple(v.shape)})")
+    v64, g64 = v.detach().double(), g.detach().double()
+    dims = [d for d in range(v.dim()) if g.dim() == 0 or g.shape[d] == 1]
+    norm = v64.norm(dim=dims, keepdim=True) if dims else v64.abs()
+    return (g64 * v64 / norm).float()
+
+
+def _fold_weight_norm(name: str, weights: dict) -> dict:
+    out = dict(weights)
+    for g_suffix, v_suffix, w_suffix in _WEIGHT_NORM_PAIRS:
+        for key in [k for k in out if k.endswith(g_suffix)]:
+            base = key[: -len(g_suffix)]
+            if base + v_suffix in out:
+                g, v = out.pop(key), out.pop(base + v_suffix)
+                out[base + w_suffix] = _fold(name, base + w_suffix, g, v)
+    return out
+
+
+def _fuse_cond_layers(name: str, weights: dict) -> dict:
+    """Turn per-layer WN.k.cond_layers.i into one WN.k.cond_layer.
+
+    The fused layer's output rows 2C*i .. 2C*(i+1) belong to layer i, so the
+    per-layer tensors stack along dim 0 in layer order.
+    """
+    parts: dict = {}
+    out = {}
+    for key, value in weights.items():
+        m = _PER_LAYER_COND.fullmatch(key)
+        if m:
+            parts.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = value
+        else:
+            out[key] = value
+    for (flow, what), layers in parts.items():
+        if sorted(layers) != list(range(len(layers))):
+            raise CheckpointError(
+                f"{name}: {flow}.cond_layers has gaps (layers {sorted(layers)})")
+        out[f"{flow}.cond_layer.{what}"] = torch.cat(
+            [layers[i].float() for i in range(len(layers))], dim=0)
+    return out
+
+
+def _check_waveglow(name: str, weights: dict) -> None:
+    if any(".res_layers." in k or ".skip_layers." in k for k in weights):
+        raise CheckpointError(
+            f"{name}: uses the early WaveGlow layout (res_layers/skip_layers); "
+            "use waveglow_256channels_universal_v5.pt or newer")
+    flows = sorted({int(k.split(".")[1]) for k in weights if k.startswith("WN.")})
+    needed = ["upsample.weight"]
+    for k in flows:
+        needed += [f"WN.{k}.start.weight", f"WN.{k}.end.weight",
+                   f"WN.{k}.cond_layer.weight", f"WN.{k}.in_layers.0.weight",
+                   f"WN.{k}.res_skip_layers.0.weight", f"convinv.{k}.conv.weight"]
+    _require(name, weights, needed, "WaveGlow")
+
+
+def load_waveglow_weights(path) -> dict[str, torch.Tensor]:
+    """Canonical WaveGlow weights (current NVIDIA/waveglow glow.py names) from `path`."""
+    name = os.fspath(path)
+    weights = _fold_weight_norm(name, _weights_for(path, "waveglow"))
+    weights = _fuse_cond_layers(name, weights)
+    _check_waveglow(name, weights)
+    kept = {k: v for k, v in weights.items() if _WAVEGLOW_KEY.fullmatch(k)}
+    return _as_float32(kept)
+
+
+# --------------------------------------------------------------------------
+
+
+def file_digest(path) -> str:
+    """sha256 hex digest of the file's bytes, read in chunks."""
+    name = os.fspath(path)
+    digest = hashlib.sha256()
+    try:
+        with open(name, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise CheckpointError(f"{name}: cannot read: {exc.strerror or exc}") from exc
+    return digest.hexdigest()

@@ -1,0 +1,240 @@
+"""Read a text corpus into one utterance per physical line.
+
+The rest of tts-batch relies on one promise from this module: the list it
+returns has exactly one ``Utterance`` per physical line of the file, in file
+order. A line that cannot be synthesized (empty, not UTF-8, no id) is not
+dropped; it comes back with ``problem`` set, so the manifest can say why that
+line has no audio instead of silently shifting every later line.
+
+Problems that would make the *whole run* wrong (an unreadable file, two lines
+that would write the same output file, an id that is not a safe file name)
+raise ``CorpusError`` before any synthesis starts.
+
+Supported formats:
+
+* ``plain``    every line is text; the id is the zero-padded line number.
+* ``ljspeech`` ``id|text[|more columns ignored]`` (LJSpeech ``metadata.csv``).
+* ``tsv``      ``id<TAB>text[<TAB>more columns ignored]``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+FORMATS = ("plain", "ljspeech", "tsv")
+
+# The id becomes an output file stem, so it must not contain path separators,
+# must not start with '.' or '-' (hidden files, command-line options) and must
+# stay well under file-name length limits once an extension is added.
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_MAX_ID_LENGTH = 128
+_MIN_ID_WIDTH = 6
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+# Problems that mean "nothing to say" rather than "something is wrong": the
+# manifest marks such lines skipped, the others error.
+EMPTY_LINE = "empty line"
+EMPTY_TEXT = "empty text"
+NOTHING_TO_SAY = (EMPTY_LINE, EMPTY_TEXT)
+
+# Separator byte and how to name it in messages, per separated format.
+# Splitting the raw bytes is safe for UTF-8: ASCII bytes never occur inside
+# a multi-byte sequence, so a '|' or TAB byte is always a real separator.
+_SEPARATORS = {
+    "ljspeech": (b"|", "'|'", "id|text"),
+    "tsv": (b"\t", "tab", "id<TAB>text"),
+}
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One physical line of the corpus."""
+
+    # 1-based physical line number in the corpus file.
+    line: int
+    # Output file stem; a placeholder ``line-<N>`` when the line has no readable id.
+    id: str
+    # The line's text as read, minus the line ending ('' when it could not be read).
+    text: str
+    # Why this line cannot be synthesized, or None when it can.
+    problem: str | None = None
+
+
+class CorpusError(ValueError):
+    """The corpus cannot be used at all; the message is one line naming file (and line)."""
+
+
+def read_corpus(path: str | os.PathLike, fmt: str = "plain") -> list[Utterance]:
+    """Return one ``Utterance`` per physical line of ``path``, in file order.
+
+    Raises ``ValueError`` for an unknown ``fmt`` and ``CorpusError`` when the
+    file cannot be read or its ids are duplicated or unsafe as file names.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown corpus format {fmt!r}; use one of: {', '.join(FORMATS)}")
+    lines = _split_physical_lines(_read_bytes(path))
+    width = max(_MIN_ID_WIDTH, len(str(len(lines))))
+    parsed = [_parse_line(raw, number, width, fmt) for number, raw in enumerate(lines, start=1)]
+    if fmt != "plain":
+        # Plain ids are distinct line numbers: safe and unique by construction.
+        _check_ids(parsed, path)
+    return [utterance for utterance, _ in parsed]
+
+
+def _split_physical_lines(data: bytes) -> list[bytes]:
+    """Split file contents into physical lines without their line endings.
+
+    A leading UTF-8 BOM is dropped. LF, CRLF and lone CR all end a line, and a
+    final line ending does not start an extra empty line. Splitting happens on
+    bytes, before decoding, so characters such as U+2028 or NEL that
+    ``str.splitlines`` would treat as line breaks stay inside their line, and
+    a line that is not valid UTF-8 cannot disturb its neighbours.
+    """
+    if data.startswith(_UTF8_BOM):
+        data = data[len(_UTF8_BOM):]
+    # bytes.splitlines breaks on exactly \n, \r\n and \r, and never yields a
+    # trailing empty element for a file that ends with a line ending.
+    return data.splitlines()
+
+
+def _read_bytes(path: str | os.PathLike) -> bytes:
+    """Read the whole corpus file, turning OS errors into one-line CorpusErrors."""
+    try:
+        with open(path, "rb") as corpus_file:
+            return corpus_file.read()
+    except FileNotFoundError:
+        raise CorpusError(f"{os.fspath(path)}: no such file; check the corpus path") from None
+    except IsADirectoryError:
+        raise CorpusError(f"{os.fspath(path)}: is a directory; pass the corpus text file itself") from None
+    except PermissionError:
+        raise CorpusError(f"{os.fspath(path)}: permission denied; make the file readable") from None
+    except OSError as error:
+        raise CorpusError(f"{os.fspath(path)}: cannot read ({error.strerror or error}); check the file") from None
+
+
+def _placeholder_id(line: int, width: int) -> str:
+    """Id for a line whose own id cannot be read, so every manifest row has one."""
+    return f"line-{line:0{width}d}"
+
+
+def _decode(raw: bytes, column_offset: int) -> tuple[str, str | None]:
+    """Decode UTF-8 bytes; on failure return ('', problem) pointing at the bad byte.
+
+    ``column_offset`` is where ``raw`` starts within its line, so the column
+    in the message is the byte column in the line, not in the field.
+    """
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as error:
+        bad_byte = raw[error.start]
+        column = column_offset + error.start + 1
+        return "", f"line is not valid UTF-8 (byte 0x{bad_byte:02x} at column {column}); save the corpus as UTF-8"
+
+
+def _is_blank(raw: bytes) -> bool:
+    """True for a line that is empty or whitespace only (Unicode whitespace too)."""
+    text, problem = _decode(raw, 0)
+    return problem is None and not text.strip()
+
+
+def _parse_line(raw: bytes, line: int, width: int, fmt: str) -> tuple[Utterance, bool]:
+    """Parse one physical line; the flag says whether the id is a placeholder."""
+    if fmt == "plain":
+        return _parse_plain_line(raw, line, width), False
+    return _parse_separated_line(raw, line, width, fmt)
+
+
+def _parse_plain_line(raw: bytes, line: int, width: int) -> Utterance:
+    """A plain line is all text; its id is the zero-padded line number."""
+    line_id = f"{line:0{width}d}"
+    text, problem = _decode(raw, 0)
+    if problem is None and not text.strip():
+        problem = EMPTY_LINE
+    return Utterance(line=line, id=line_id, text=text, problem=problem)
+
+
+def _parse_separated_line(raw: bytes, line: int, width: int, fmt: str) -> tuple[Utterance, bool]:
+    """Parse ``id<sep>text[<sep>ignored...]``; unreadable ids get a placeholder."""
+    separator, separator_name, layout = _SEPARATORS[fmt]
+    placeholder = _placeholder_id(line, width)
+
+    if _is_blank(raw):
+        return Utterance(line, placeholder, "", EMPTY_LINE), True
+
+    id_bytes, found, rest = raw.partition(separator)
+    if not found:
+        # Keep the line's text so the manifest shows what was there.
+        text, problem = _decode(raw, 0)
+        problem = problem or f"no {separator_name} separator; expected '{layout}'"
+        return Utterance(line, placeholder, text, problem), True
+
+    # Columns after the text are ignored, so they are never decoded either:
+    # a broken third column must not stop a good line from being synthesized.
+    text_bytes = rest.partition(separator)[0]
+    text_offset = len(id_bytes) + len(separator)
+    line_id, id_problem = _decode(id_bytes, 0)
+    text, text_problem = _decode(text_bytes, text_offset)
+
+    if id_problem is not None:
+        return Utterance(line, placeholder, text, id_problem), True
+    if not line_id.strip():
+        return Utterance(line, placeholder, text, f"empty id before the {separator_name} separator"), True
+    if text_problem is not None:
+        return Utterance(line, line_id, "", text_problem), False
+    if not text.strip():
+        return Utterance(line, line_id, text, EMPTY_TEXT), False
+    return Utterance(line, line_id, text), False
+
+
+def _check_ids(parsed: list[tuple[Utterance, bool]], path: str | os.PathLike) -> None:
+    """Raise CorpusError at the first unsafe or clashing id, in file order.
+
+    Ids are compared ignoring case: on case-insensitive file systems (macOS,
+    Windows) 'LJ001' and 'lj001' would write the same file and one would
+    silently overwrite the other.
+    """
+    name = os.fspath(path)
+    first_seen: dict[str, tuple[Utterance, bool]] = {}
+    for utterance, is_placeholder in parsed:
+        if not is_placeholder:
+            _check_safe_id(utterance, name)
+        key = utterance.id.casefold()
+        if key in first_seen:
+            earlier, earlier_is_placeholder = first_seen[key]
+            raise CorpusError(_clash_message(name, earlier, earlier_is_placeholder, utterance, is_placeholder))
+        first_seen[key] = (utterance, is_placeholder)
+
+
+def _check_safe_id(utterance: Utterance, name: str) -> None:
+    """Raise CorpusError unless the id can be used as a file stem as is."""
+    if len(utterance.id) > _MAX_ID_LENGTH:
+        raise CorpusError(
+            f"{name}:{utterance.line}: id {utterance.id[:40]!r}... is {len(utterance.id)} characters long; "
+            f"use at most {_MAX_ID_LENGTH}"
+        )
+    if not _SAFE_ID.fullmatch(utterance.id):
+        raise CorpusError(
+            f"{name}:{utterance.line}: id {utterance.id!r} is not a safe file name "
+            "(use letters, digits, '.', '_' and '-', starting with a letter or digit)"
+        )
+
+
+def _clash_message(name: str, earlier: Utterance, earlier_is_placeholder: bool,
+                   later: Utterance, later_is_placeholder: bool) -> str:
+    """One-line message for two lines that would write the same output file."""
+    if earlier_is_placeholder or later_is_placeholder:
+        # Point at the line whose id was actually written in the corpus.
+        real, placeholder = (later, earlier) if earlier_is_placeholder else (earlier, later)
+        return (
+            f"{name}:{real.line}: id {real.id!r} is the placeholder id of line {placeholder.line}, "
+            "which has no readable id; rename it"
+        )
+    if earlier.id != later.id:
+        return (
+            f"{name}:{later.line}: id {later.id!r} differs only in case from {earlier.id!r} on line "
+            f"{earlier.line}; ids must be unique ignoring case"
+        )
+    return f"{name}:{later.line}: duplicate id {later.id!r} (first on line {earlier.line}); ids must be unique"

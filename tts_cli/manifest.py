@@ -1,0 +1,175 @@
+"""The run manifest: one JSON line per corpus line, saying what became of it.
+
+The manifest is JSON Lines (NeMo-style keys: ``audio_filepath``, ``duration``,
+``text``-like fields) with exactly one row per corpus line, in corpus order,
+including lines that produced no audio (status ``skipped`` or ``error``, with
+a ``reason``). ``audio_filepath`` is relative to the manifest's directory so
+the output folder can be moved or shared as a whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tts_cli.audio import atomic_write
+
+STATUSES = ("ok", "truncated", "skipped", "error")
+
+# With ensure_ascii=False these characters are written raw, and
+# str.splitlines() (used by many jsonl readers) treats them as line breaks,
+# which would split one row in two. json.dumps already escapes C0 controls.
+_LINE_BREAKING_CHARACTERS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+@dataclass
+class ManifestRow:
+    """What happened to one corpus line."""
+
+    # Output file stem from the corpus (or its ``line-<N>`` placeholder).
+    id: str
+    # 1-based physical line number in the corpus.
+    line: int
+    # The text as read from the corpus.
+    text: str
+    # The text actually fed to the model, after normalization.
+    normalized_text: str
+    # WAV path relative to the manifest's directory, e.g. "wavs/LJ001-0001.wav"; None without audio.
+    audio_filepath: str | None
+    # Length of the audio in seconds (0.0 without audio).
+    duration: float
+    # Length of the audio in samples (0 without audio).
+    num_samples: int
+    # Decoder frames of the mel spectrogram (0 when not synthesized).
+    mel_frames: int
+    # One of STATUSES.
+    status: str
+    # Why the status is not "ok" (e.g. the corpus problem or the exception), else None.
+    reason: str | None
+    # PCM16 samples whose magnitude exceeded full scale and were clamped.
+    clipped_samples: int = 0
+    # Random seed used for this utterance, when sampling was seeded.
+    seed: int | None = None
+    # Mel spectrogram path relative to the manifest's directory, when mels are saved.
+    mel_filepath: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(
+                f"manifest row for id {self.id!r} (line {self.line}): unknown status {self.status!r}; "
+                f"use one of: {', '.join(STATUSES)}"
+            )
+
+    def to_json(self) -> str:
+        """Serialize as one JSON line (no newline), keys in field order."""
+        record = dataclasses.asdict(self)
+        record["duration"] = round(float(self.duration), 6)
+        # allow_nan=False: NaN is not JSON and would break strict readers.
+        text = json.dumps(record, ensure_ascii=False, allow_nan=False, default=_numpy_scalar_to_python)
+        for character, escape in _LINE_BREAKING_CHARACTERS.items():
+            text = text.replace(character, escape)
+        return text
+
+
+# Keys every manifest row must have; the fields with defaults are optional
+# diagnostics, so a reader tolerates their absence.
+_REQUIRED_KEYS = tuple(
+    field.name for field in dataclasses.fields(ManifestRow)
+    if field.default is dataclasses.MISSING
+)
+
+
+def write_manifest(path: str | os.PathLike, rows: Iterable[ManifestRow]) -> None:
+    """Write ``rows`` as JSON Lines to ``path``, in the order given, atomically.
+
+    Readers (and a resumed run) see either the previous manifest or the new
+    one in full, never a half-written file.
+    """
+    with atomic_write(path) as temp_path:
+        # newline="\n": the same bytes on every OS, one row per '\n'.
+        with open(temp_path, "w", encoding="utf-8", newline="\n") as manifest_file:
+            for row in rows:
+                manifest_file.write(row.to_json())
+                manifest_file.write("\n")
+
+
+def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read a manifest back as a list of dicts, in file order.
+
+    Blank lines are skipped. A row that is not a JSON object with the manifest
+    keys and a known status raises ValueError naming ``path:line``.
+    """
+    with open(path, "rb") as manifest_file:
+        data = manifest_file.read()
+    name = os.fspath(path)
+    rows = []
+    # Split on '\n' only, matching how write_manifest ends rows.
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if raw.strip():
+            rows.append(_parse_row(raw, name, number))
+    return rows
+
+
+def summarize(rows: Iterable[ManifestRow | Mapping[str, Any]]) -> dict[str, Any]:
+    """Totals for the end-of-run report; accepts ManifestRows or read_manifest dicts.
+
+    Returns ``{"rows": int, "counts": {status: int for every status},
+    "audio_seconds": float, "clipped_samples": int}``.
+    """
+    counts = dict.fromkeys(STATUSES, 0)
+    audio_seconds = 0.0
+    clipped_samples = 0
+    for row in rows:
+        record = vars(row) if isinstance(row, ManifestRow) else row
+        status = record["status"]
+        if status not in counts:
+            raise ValueError(
+                f"unknown status {status!r} for id {record.get('id')!r}; expected one of: {', '.join(STATUSES)}"
+            )
+        counts[status] += 1
+        audio_seconds += float(record.get("duration") or 0.0)
+        clipped_samples += int(record.get("clipped_samples") or 0)
+    return {
+        "rows": sum(counts.values()),
+        "counts": counts,
+        "audio_seconds": round(audio_seconds, 6),
+        "clipped_samples": clipped_samples,
+    }
+
+
+def _parse_row(raw: bytes, name: str, number: int) -> dict[str, Any]:
+    """Parse and check one manifest line; ValueError names ``name:number``."""
+    where = f"{name}:{number}"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{where}: not valid UTF-8 (byte 0x{raw[error.start]:02x}); the manifest is damaged") from None
+    try:
+        record = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as error:
+        raise ValueError(f"{where}: not valid JSON ({error}); the manifest is damaged or truncated") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}; the manifest is damaged")
+    missing = [key for key in _REQUIRED_KEYS if key not in record]
+    if missing:
+        raise ValueError(f"{where}: missing keys {', '.join(missing)}; this is not a tts-batch manifest row")
+    if record["status"] not in STATUSES:
+        raise ValueError(f"{where}: unknown status {record['status']!r}; expected one of: {', '.join(STATUSES)}")
+    return record
+
+
+def _reject_constant(constant: str) -> Any:
+    """json.loads accepts NaN/Infinity by default; a manifest never contains them."""
+    raise ValueError(f"{constant} is not valid JSON")
+
+
+def _numpy_scalar_to_python(value: Any) -> Any:
+    """Let callers pass numpy scalars (e.g. np.int64 sample counts) without casting."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

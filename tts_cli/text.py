@@ -1,0 +1,377 @@
+"""Text front end: turn English text into the symbol ids Tacotron2 was trained on.
+
+The published NVIDIA Tacotron2 checkpoint learned one embedding per symbol id,
+and it only ever saw text that went through one particular cleaning pipeline
+("english_cleaners"). Any drift here -- a different id order, a number read
+differently, a character kept that used to be dropped -- changes what the
+model hears, so this module mirrors that front end rule for rule, including
+its odd corners (see the tests, which pin each of them down).
+
+Pipeline for plain text, in this order:
+
+1. transliterate to ASCII (Unidecode): "é" -> "e", "—" -> "--", "£" -> "PS";
+2. lowercase;
+3. spell out numbers (money, decimals, ordinals, years, plain integers);
+4. spell out a fixed list of abbreviations that end in a period;
+5. collapse each run of whitespace into a single space (no strip).
+
+Text may embed ARPAbet inside curly braces, ``"Turn left on {HH AW1 S} St."``;
+the brace contents bypass cleaning and map to ``@``-prefixed phone symbols.
+Characters with no symbol are dropped silently, and no end-of-sequence id is
+appended.
+
+Pure Python: importing this module does no file I/O and does not import
+inflect; the number speller is created on first use and then reused.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Callable, Sequence
+
+from unidecode import unidecode
+
+__all__ = [
+    "SYMBOLS",
+    "PAD_ID",
+    "UnsupportedTextError",
+    "clean_text",
+    "expand_numbers",
+    "text_to_sequence",
+    "sequence_to_text",
+    "normalize",
+    "is_speakable",
+]
+
+
+# --------------------------------------------------------------------------
+# Symbol table
+# --------------------------------------------------------------------------
+
+# The 84 CMUdict phones in the order the checkpoint's embedding table uses.
+# Each stress variant is its own symbol, so order here is id order.
+_ARPABET_PHONES = (
+    "AA AA0 AA1 AA2 AE AE0 AE1 AE2 AH AH0 AH1 AH2 "
+    "AO AO0 AO1 AO2 AW AW0 AW1 AW2 AY AY0 AY1 AY2 "
+    "B CH D DH EH EH0 EH1 EH2 ER ER0 ER1 ER2 "
+    "EY EY0 EY1 EY2 F G HH IH IH0 IH1 IH2 IY IY0 IY1 IY2 "
+    "JH K L M N NG OW OW0 OW1 OW2 OY OY0 OY1 OY2 "
+    "P R S SH T TH UH UH0 UH1 UH2 UW UW0 UW1 UW2 "
+    "V W Y Z ZH"
+).split()
+
+_PAD = "_"
+_HYPHEN = "-"
+_PUNCTUATION = "!'(),.:;? "
+_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_LOWER = "abcdefghijklmnopqrstuvwxyz"
+
+# Phones get an "@" prefix so that e.g. the phone "B" and the letter "B"
+# stay distinct symbols.
+_PHONE_PREFIX = "@"
+
+SYMBOLS: tuple[str, ...] = (
+    (_PAD, _HYPHEN)
+    + tuple(_PUNCTUATION)
+    + tuple(_UPPER)
+    + tuple(_LOWER)
+    + tuple(_PHONE_PREFIX + phone for phone in _ARPABET_PHONES)
+)
+PAD_ID: int = 0
+
+_SYMBOL_TO_ID = {symbol: index for index, symbol in enumerate(SYMBOLS)}
+# A dict rather than tuple indexing so that out-of-range ids (including
+# negative ones, which would wrap around a tuple) are skipped, not misread.
+_ID_TO_SYMBOL = dict(enumerate(SYMBOLS))
+
+# Ids that carry sound: letters of either case and every phone. Pad,
+# hyphen, punctuation and space only shape prosody.
+_SPEAKABLE_IDS = frozenset(
+    _SYMBOL_TO_ID[symbol]
+    for symbol in SYMBOLS
+    if symbol.isalpha() or symbol.startswith(_PHONE_PREFIX)
+)
+
+
+class UnsupportedTextError(ValueError):
+    """Raised for text the reference front end cannot process at all.
+
+    The reference crashes (IndexError, inflect's NumOutOfRangeError, or a
+    ValueError from int()) on integers of 10**36 or more and on dollar
+    amounts with a stray comma such as "$,5". There is no reference output to
+    match, so we fail with one clear, catchable error instead.
+    """
+
+
+# --------------------------------------------------------------------------
+# Number spelling
+# --------------------------------------------------------------------------
+
+# inflect has words only up to the decillions; anything from 10**36 up makes
+# it raise, so we refuse such numbers ourselves with a readable message (this
+# also keeps int() away from Python's 4300-digit conversion limit).
+_MAX_DIGITS = 36
+
+
+@functools.cache
+def _number_speller():
+    """The one shared inflect engine, created on first use (import is slow)."""
+    import inflect
+
+    return inflect.engine()
+
+
+def _checked_int(digits: str) -> int:
+    """int() of an ASCII digit string, refusing numbers inflect cannot read."""
+    if len(digits.lstrip("0")) > _MAX_DIGITS:
+        raise UnsupportedTextError(
+            f"number too large to read aloud: {digits[:20]}... "
+            f"({len(digits)} digits)"
+        )
+    return int(digits)
+
+
+def _words(number: int, **options) -> str:
+    # Always pass a real int: current inflect type-checks its arguments.
+    return _number_speller().number_to_words(int(number), **options)
+
+
+# A digit run containing commas: "1,000,000". Also matches runs without any
+# comma, which is harmless; it deliberately swallows lists like "1,2,3" too.
+_GROUPED_NUMBER = re.compile(r"[0-9][0-9,]+[0-9]")
+# Only reachable through expand_numbers(): clean_text() transliterates first,
+# and Unidecode has already turned "£" into "PS" by the time numbers run.
+_POUNDS = re.compile(r"£([0-9,]*[0-9]+)")
+_DOLLARS = re.compile(r"\$([0-9.,]*[0-9]+)")
+_DECIMAL = re.compile(r"[0-9]+\.[0-9]+")
+# No word boundary on either side: "1stop" reads as "firstop".
+_ORDINAL = re.compile(r"[0-9]+(?:st|nd|rd|th)")
+_INTEGER = re.compile(r"[0-9]+")
+
+
+def _drop_commas(match: re.Match) -> str:
+    return match.group(0).replace(",", "")
+
+
+def _pounds(match: re.Match) -> str:
+    return match.group(1) + " pounds"
+
+
+def _unit(count: int, singular: str) -> str:
+    return f"{count} {singular}" if count == 1 else f"{count} {singular}s"
+
+
+def _amount_part(part: str, amount: str) -> int:
+    if part == "":
+        return 0
+    if not part.isdigit():
+        # Only a comma can get here ("$,5"); the reference dies in int().
+        raise UnsupportedTextError(f"cannot read dollar amount ${amount!r}")
+    return _checked_int(part)
+
+
+def _dollars(match: re.Match) -> str:
+    """"$3.50" -> "3 dollars, 50 cents"; the digits are spelled out later.
+
+    Cents are the integer after the point, not a fraction: "$0.5" is
+    "5 cents". Anything with two or more points is left as digits.
+    """
+    amount = match.group(1)
+    parts = amount.split(".")
+    if len(parts) > 2:
+        return amount + " dollars"
+    dollars = _amount_part(parts[0], amount)
+    cents = _amount_part(parts[1], amount) if len(parts) == 2 else 0
+    if dollars and cents:
+        return _unit(dollars, "dollar") + ", " + _unit(cents, "cent")
+    if dollars:
+        return _unit(dollars, "dollar")
+    if cents:
+        return _unit(cents, "cent")
+    return "zero dollars"
+
+
+def _decimal(match: re.Match) -> str:
+    # The fraction is later read as a whole number: "3.14" -> "three point
+    # fourteen", and "3.05" -> "three point five".
+    return match.group(0).replace(".", " point ")
+
+
+def _ordinal(match: re.Match) -> str:
+    text = match.group(0)
+    _checked_int(text[:-2])
+    # inflect reads the suffix itself and keeps its default "and":
+    # "104th" -> "one hundred and fourth". The suffix letters are not
+    # checked against the digits, so "2th" is "second".
+    return _number_speller().number_to_words(text)
+
+
+def _year_like(number: int) -> str:
+    """Read 1001..2999 the way years are said aloud."""
+    if number == 2000:
+        return "two thousand"
+    if 2000 < number < 2010:
+        return "two thousand " + _words(number % 100)
+    if number % 100 == 0:
+        return _words(number // 100) + " hundred"
+    # Pairs of digits: 1995 -> "nineteen, ninety-five" -> drop the comma.
+    paired = _words(number, andword="", zero="oh", group=2)
+    return paired.replace(", ", " ")
+
+
+def _integer(match: re.Match) -> str:
+    number = _checked_int(match.group(0))
+    if 1000 < number < 3000:
+        return _year_like(number)
+    # Commas between thousands groups stay: they become short pauses.
+    return _words(number, andword="")
+
+
+# Order matters: commas go before money so "$1,000" is one amount, money
+# before decimals so cents are not read as "point", and ordinals before
+# plain integers so the suffix is still attached when they are matched.
+_NUMBER_RULES: tuple[tuple[re.Pattern, Callable[[re.Match], str]], ...] = (
+    (_GROUPED_NUMBER, _drop_commas),
+    (_POUNDS, _pounds),
+    (_DOLLARS, _dollars),
+    (_DECIMAL, _decimal),
+    (_ORDINAL, _ordinal),
+    (_INTEGER, _integer),
+)
+
+
+def expand_numbers(text: str) -> str:
+    """Spell out every digit run in lowercase ASCII text (reference rules)."""
+    for pattern, spell in _NUMBER_RULES:
+        text = pattern.sub(spell, text)
+    return text
+
+
+# --------------------------------------------------------------------------
+# Abbreviations
+# --------------------------------------------------------------------------
+
+_ABBREVIATIONS = (
+    ("mrs", "misess"),
+    ("mr", "mister"),
+    ("dr", "doctor"),
+    ("st", "saint"),
+    ("co", "company"),
+    ("jr", "junior"),
+    ("maj", "major"),
+    ("gen", "general"),
+    ("drs", "doctors"),
+    ("rev", "reverend"),
+    ("lt", "lieutenant"),
+    ("hon", "honorable"),
+    ("sgt", "sergeant"),
+    ("capt", "captain"),
+    ("esq", "esquire"),
+    ("ltd", "limited"),
+    ("col", "colonel"),
+    ("ft", "fort"),
+)
+
+# One pattern per abbreviation, applied one after another. A single combined
+# alternation would not be equivalent: an earlier expansion can glue onto the
+# next word and hide its word boundary ("mr.co." -> "misterco.").
+_ABBREVIATION_RULES = tuple(
+    (re.compile(r"\b" + short + r"\.", re.IGNORECASE), long)
+    for short, long in _ABBREVIATIONS
+)
+
+
+def _expand_abbreviations(text: str) -> str:
+    # The period is consumed, so a sentence ending in "St." loses its stop.
+    for pattern, replacement in _ABBREVIATION_RULES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+# --------------------------------------------------------------------------
+# Cleaning and id mapping
+# --------------------------------------------------------------------------
+
+_WHITESPACE_RUN = re.compile(r"\s+")
+
+
+def clean_text(text: str) -> str:
+    """Apply the reference "english_cleaners" to text without braces.
+
+    The result may still contain characters outside the symbol table (such as
+    "#" or "/"); they are dropped when mapping to ids, not here.
+    """
+    text = unidecode(text)
+    text = text.lower()
+    text = expand_numbers(text)
+    text = _expand_abbreviations(text)
+    return _WHITESPACE_RUN.sub(" ", text)
+
+
+# Text before the first "{...}", the braces' contents, and everything after.
+# "." stops at a newline, exactly like the reference: a newline before a
+# brace hides the braces (they are then cleaned as ordinary text), and
+# anything after the first newline that follows a brace pair is discarded.
+_BRACED_PHONES = re.compile(r"(?P<before>.*?)\{(?P<phones>.+?)\}(?P<after>.*)")
+
+
+def _text_ids(text: str) -> list[int]:
+    ids = []
+    for char in clean_text(text):
+        symbol_id = _SYMBOL_TO_ID.get(char)
+        # "_" is padding, never content, even if the text contains one.
+        if symbol_id is not None and symbol_id != PAD_ID:
+            ids.append(symbol_id)
+    return ids
+
+
+def _phone_ids(phones: str) -> list[int]:
+    # Brace contents are case-sensitive and uncleaned: unknown phones,
+    # lowercase ones and stray punctuation are all dropped.
+    keys = (_PHONE_PREFIX + phone for phone in phones.split())
+    return [_SYMBOL_TO_ID[key] for key in keys if key in _SYMBOL_TO_ID]
+
+
+def text_to_sequence(text: str) -> list[int]:
+    """Map text (optionally with ``{ARPAbet}`` spans) to symbol ids."""
+    ids: list[int] = []
+    while text:
+        match = _BRACED_PHONES.match(text)
+        if match is None:
+            ids += _text_ids(text)
+            break
+        ids += _text_ids(match["before"])
+        ids += _phone_ids(match["phones"])
+        text = match["after"]
+    return ids
+
+
+def sequence_to_text(ids: Sequence[int]) -> str:
+    """Render ids as text; phones come back in braces, adjacent ones merged.
+
+    Ids outside the table are skipped. The pad id renders as "_".
+    """
+    pieces = []
+    for symbol_id in ids:
+        symbol = _ID_TO_SYMBOL.get(symbol_id)
+        if symbol is None:
+            continue
+        if len(symbol) > 1 and symbol.startswith(_PHONE_PREFIX):
+            symbol = "{" + symbol[1:] + "}"
+        pieces.append(symbol)
+    return "".join(pieces).replace("}{", " ")
+
+
+def normalize(text: str) -> tuple[list[int], str]:
+    """Ids for ``text`` and their readable form, as shown in the manifest."""
+    ids = text_to_sequence(text)
+    return ids, sequence_to_text(ids)
+
+
+def is_speakable(ids: Sequence[int]) -> bool:
+    """True if any id is a letter or a phone, i.e. there is something to say.
+
+    Punctuation, spaces and padding alone make the model babble or stall.
+    """
+    return any(symbol_id in _SPEAKABLE_IDS for symbol_id in ids)
