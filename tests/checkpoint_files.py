@@ -12,8 +12,14 @@ a real tiny model into a "downloaded" checkpoint:
 * ``write_bare_state_dict``    just the state_dict, no wrapper
 * ``write_state_dict_under_model``  ``{"model": state_dict, ...}``
 
+Like the published files, those of NVIDIA and NGC record their tensors as
+saved on "cuda:0"; they load on a CPU-only machine only through a loader that
+remaps them, as ``tts_cli.checkpoints`` does.
+
 ``random_tacotron2_state_dict`` / ``random_waveglow_state_dict`` make small
-canonical dicts of random tensors for tests that only move weights around.
+canonical dicts of random tensors for tests that only move weights around;
+``weight_norm_pair`` and ``waveglow_weight_norm_state_dict`` give the
+weight-norm form of canonical weights.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import sys
 import types
 import warnings
 from collections import OrderedDict
+from unittest import mock
 
 import torch
 from torch import nn
@@ -144,7 +151,7 @@ def _split_cond(sd: dict, flow: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
             for i in range(_n_layers(sd, flow))]
 
 
-def _weight_normed_names(key: str) -> bool:
+def _is_weight_normed(key: str) -> bool:
     """Which canonical WaveGlow weights NVIDIA keeps in weight-norm form."""
     parts = key.split(".")
     return parts[0] == "WN" and parts[-1] == "weight" and parts[2] in (
@@ -163,7 +170,7 @@ def waveglow_weight_norm_state_dict(sd: dict, per_layer_cond: bool) -> dict:
                     out[f"WN.{flow}.cond_layers.{i}.weight_v"] = weight_norm_pair(w)
         elif per_layer_cond and key.endswith(".cond_layer.bias"):
             continue  # written with the weights above
-        elif _weight_normed_names(key):
+        elif _is_weight_normed(key):
             base = key[: -len(".weight")]
             out[base + ".weight_g"], out[base + ".weight_v"] = weight_norm_pair(value)
         else:
@@ -171,8 +178,14 @@ def waveglow_weight_norm_state_dict(sd: dict, per_layer_cond: bool) -> dict:
     return out
 
 
-def _save(obj, path, legacy: bool = False) -> None:
-    torch.save(obj, path, _use_new_zipfile_serialization=not legacy)
+def _save(obj, path, legacy: bool = False, device: str = "cuda:0") -> None:
+    """torch.save, with every tensor recorded as living on `device`.
+
+    The published files were saved from GPUs, so their tensors say "cuda:0"
+    and only load on a CPU-only machine when the loader remaps them.
+    """
+    with mock.patch.object(torch.serialization, "location_tag", lambda _storage: device):
+        torch.save(obj, path, _use_new_zipfile_serialization=not legacy)
 
 
 def _maybe_half(sd: dict, fp16: bool) -> dict:
@@ -231,8 +244,8 @@ def write_ngc_tacotron2(path, sd: dict, fp16: bool = False) -> None:
 
 
 def write_bare_state_dict(path, sd: dict, legacy: bool = False) -> None:
-    """torch.save(model.state_dict()) with nothing around it."""
-    _save(OrderedDict(sd), path, legacy)
+    """torch.save(model.state_dict()) with nothing around it (saved on CPU)."""
+    _save(OrderedDict(sd), path, legacy, device="cpu")
 
 
 def write_state_dict_under_model(path, sd: dict) -> None:
@@ -364,7 +377,10 @@ def write_pickled_waveglow(path, sd: dict, per_layer_cond: bool = False,
             module._backend = _OldTorchBackend()
     sys.modules["glow"] = glow
     try:
-        _save({"model": model, "iteration": 580000, "optimizer": None,
-               "learning_rate": 1e-4}, path, legacy)
+        with warnings.catch_warnings():
+            # The non-zip format tries to store each module class's source.
+            warnings.filterwarnings("ignore", message="Couldn't retrieve source")
+            _save({"model": model, "iteration": 580000, "optimizer": None,
+                   "learning_rate": 1e-4}, path, legacy)
     finally:
         del sys.modules["glow"]

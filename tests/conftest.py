@@ -14,3 +14,13 @@ def tiny_checkpoints(tmp_path_factory):
     write_nvidia_tacotron2(tacotron2, canonical(tiny_tacotron2(seed=4)))
     write_pickled_waveglow(waveglow, canonical(tiny_waveglow(seed=4)))
     return tacotron2, waveglow
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; run on the GPU machine")
+    for item in items:
+        if "requires_cuda" in item.keywords:
+            item.add_marker(skip)

@@ -28,9 +28,10 @@ convolutions are fused into ``WN.k.cond_layer``, and everything that is not a
 weight of the network (cached ``W_inverse`` and the like) is dropped.
 
 Safety: files are read only with torch's weights-only unpickler.  Pickled
-modules are admitted through inert stand-in classes that merely hold the
-pickled attributes; nothing named in the file is imported or called, so the
-``glow`` package need not be installed and a hostile file cannot run code.
+modules are admitted through inert stand-in classes of ours that merely hold
+the pickled attributes.  Nothing the file names is imported, and nothing is
+called but torch's tensor rebuilders and our stand-ins, so the ``glow``
+package need not be installed and a hostile file cannot run code.
 """
 
 from __future__ import annotations
@@ -106,20 +107,22 @@ def _no_backend(*_args):
 
 
 # --------------------------------------------------------------------------
-# Pickled modules in the pre-1.6 (non-zip) format
+# Pickled modules in the non-zip format (torch's default before 1.6)
 #
-# torch < 1.6 saved each nn.Module subclass as a persistent id
-# ('module', cls, source_file, source) so that loading could warn when the
-# class's source had changed.  torch's weights-only unpickler accepts only
+# That format saves each nn.Module subclass as a persistent id
+# ('module', cls, source_file, source) so that loading can warn when the
+# class's source has changed.  torch's weights-only unpickler accepts only
 # storage persistent ids, so it refuses every pickled-model file of that era,
 # the published WaveGlow releases included.  We rewrite just those records,
 # before torch reads the file, into a call of _legacy_module_record (admitted
 # below), which hands back the class; the class itself is still a GLOBAL in
-# the record, so it must be one we admit.
+# the record, so it must be one we admit.  Whatever the rewrite produces is
+# read by torch's weights-only unpickler all the same, so a wrong guess here
+# can make a load fail but can never let a file run code.
 
-_LEGACY_MODULE_REFUSAL = "Only persistent_load of storage is allowed"
+_LEGACY_MODULE_REFUSAL = "persistent_load"  # torch: "Only persistent_load of storage is allowed"
 _RECORD_CALLEE = "tts_batch.legacy_module_record"
-_RECORD_CALL = pickle.GLOBAL + b"tts_batch\nlegacy_module_record\n"
+_RECORD_CALL = pickle.GLOBAL + _RECORD_CALLEE.replace(".", "\n").encode() + b"\n"
 _TUPLE1_REDUCE = pickle.TUPLE1 + pickle.REDUCE
 _STRING_OPS = ("BINUNICODE", "SHORT_BINUNICODE", "SHORT_BINSTRING", "BINSTRING")
 _PUT_OPS = ("BINPUT", "LONG_BINPUT")
@@ -284,17 +287,19 @@ def _explain_load_failure(name: str, exc: Exception) -> CheckpointError:
         return CheckpointError(
             f"{name}: is a TorchScript archive, not a checkpoint; "
             "save the model's state_dict() with torch.save instead")
+    if os.path.getsize(name) == 0:
+        return CheckpointError(f"{name}: is empty (0 bytes); download it again")
     return CheckpointError(
-        f"{name}: not a readable PyTorch checkpoint (truncated or corrupt?): "
-        f"{_one_line(exc)}")
+        f"{name}: not a PyTorch checkpoint, or cut short or damaged (download it "
+        f"again); torch reported {_one_line(exc)}")
 
 
 def _one_line(exc: Exception) -> str:
-    """The most telling line of an exception message, without torch's advice."""
+    """The first sentence of an exception message, without torch's advice."""
     for line in str(exc).splitlines():
         line = line.strip()
         if line and not line.startswith(_TORCH_BOILERPLATE):
-            return f"{type(exc).__name__}: {line[:200]}"
+            return f"{type(exc).__name__}: {line.split('. ')[0][:160]}"
     return type(exc).__name__
 
 
@@ -302,28 +307,34 @@ def _one_line(exc: Exception) -> str:
 # Finding the weights inside what was loaded
 
 
-def _module_tensors(module: _Inert, prefix: str, out: dict, seen: set) -> None:
+def _table(state: dict, name: str) -> dict:
+    value = state.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _module_tensors(root: _Inert) -> dict:
     """Flatten a pickled module tree the way nn.Module.state_dict() names it."""
-    if id(module) in seen:  # a crafted pickle can make a module its own child
-        return
-    seen.add(id(module))
-    state = module.state
-    skip = state.get("_non_persistent_buffers_set") or ()
-    for table in ("_parameters", "_buffers"):
-        for key, value in (state.get(table) or {}).items():
-            if isinstance(value, torch.Tensor) and key not in skip:
-                out[prefix + str(key)] = value
-    for key, child in (state.get("_modules") or {}).items():
-        if isinstance(child, _Inert):
-            _module_tensors(child, f"{prefix}{key}.", out, seen)
+    out, seen, todo = {}, set(), [("", root)]
+    while todo:  # a loop, not recursion: a crafted file may nest very deep
+        prefix, module = todo.pop()
+        if id(module) in seen:  # ... or make a module its own child
+            continue
+        seen.add(id(module))
+        skip = module.state.get("_non_persistent_buffers_set") or ()
+        for table in ("_parameters", "_buffers"):
+            for key, value in _table(module.state, table).items():
+                if isinstance(value, torch.Tensor) and key not in skip:
+                    out[f"{prefix}{key}"] = value
+        for key, child in _table(module.state, "_modules").items():
+            if isinstance(child, _Inert):
+                todo.append((f"{prefix}{key}.", child))
+    return out
 
 
 def _find_weights(obj, depth: int = 0) -> dict | None:
     """The name->tensor mapping in a loaded checkpoint, wherever it is kept."""
     if isinstance(obj, _Inert):
-        found: dict = {}
-        _module_tensors(obj, "", found, set())
-        return found or None
+        return _module_tensors(obj) or None
     if not isinstance(obj, dict) or depth > 3:
         return None
     for key in ("state_dict", "model"):
@@ -355,14 +366,21 @@ def _kind(weights: dict) -> str | None:
     return None
 
 
-def _describe(obj) -> str:
+def _listing(names: list) -> str:
+    more = f", ... ({len(names)} in all)" if len(names) > 6 else ""
+    return ", ".join(str(n) for n in names[:6]) + more
+
+
+def _describe(obj, weights: dict) -> str:
     if isinstance(obj, dict):
-        keys = [str(k) for k in obj.keys()]
-        shown = ", ".join(keys[:8]) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
-        return f"top-level keys: {shown or 'none'}"
-    if isinstance(obj, _Inert):
-        return f"a pickled {obj.pickled_as} object"
-    return f"a {type(obj).__name__} object at top level"
+        found = f"top-level keys: {_listing(list(obj)) or 'none'}"
+    elif isinstance(obj, _Inert):
+        found = f"a pickled {obj.pickled_as} object"
+    else:
+        found = f"a {type(obj).__name__} object at top level"
+    if weights:
+        found += f"; weights named {_listing(list(weights))}"
+    return found
 
 
 _OTHER_FLAG = {"tacotron2": ("WaveGlow", "--waveglow"),
@@ -383,21 +401,25 @@ def _weights_for(path, wanted: str) -> dict:
         raise CheckpointError(
             f"{name}: looks like a {other} checkpoint; pass it as {flag}")
     raise CheckpointError(
-        f"{name}: holds neither Tacotron2 nor WaveGlow weights ({_describe(obj)})")
+        f"{name}: holds neither Tacotron2 nor WaveGlow weights ({_describe(obj, weights)})")
 
 
-def _as_float32(weights: dict) -> dict:
-    return {k: v.detach().to(device="cpu", dtype=torch.float32).contiguous()
-            for k, v in weights.items()}
+def _as_float32(name: str, weights: dict) -> dict:
+    out = {}
+    for key, value in weights.items():
+        if value.layout != torch.strided or not value.is_floating_point():
+            raise CheckpointError(
+                f"{name}: {key} is a {value.dtype} {value.layout} tensor, not real-valued weights")
+        out[key] = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    return out
 
 
 def _require(name: str, weights: dict, needed, model: str) -> None:
     missing = [k for k in needed if k not in weights]
     if missing:
-        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise CheckpointError(
             f"{name}: {model} checkpoint is incomplete or of an unknown variant; "
-            f"missing {shown}")
+            f"missing {_listing(missing)}")
 
 
 # --------------------------------------------------------------------------
@@ -416,14 +438,14 @@ _TACOTRON2_NEEDED = (
 )
 
 
-def load_tacotron2_weights(path) -> dict[str, torch.Tensor]:
+def load_tacotron2_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Canonical Tacotron2 weights (NVIDIA/tacotron2 model.py names) from `path`."""
     weights = _weights_for(path, "tacotron2")
     # BatchNorm's step counter is training state, not a weight.
     kept = {k: v for k, v in weights.items()
             if k.startswith(_TACOTRON2_PARTS) and not k.endswith("num_batches_tracked")}
     _require(os.fspath(path), kept, _TACOTRON2_NEEDED, "Tacotron2")
-    return _as_float32(kept)
+    return _as_float32(os.fspath(path), kept)
 
 
 # --------------------------------------------------------------------------
@@ -434,6 +456,7 @@ _WAVEGLOW_KEY = re.compile(
     r"|WN\.\d+\.(start|end|cond_layer)\.(weight|bias)"
     r"|WN\.\d+\.(in_layers|res_skip_layers)\.\d+\.(weight|bias)"
     r"|convinv\.\d+\.conv\.weight")
+_FLOW_KEY = re.compile(r"WN\.(\d+)\.")
 _PER_LAYER_COND = re.compile(r"(WN\.\d+)\.cond_layers\.(\d+)\.(weight|bias)")
 _WEIGHT_NORM_PAIRS = ((".weight_g", ".weight_v", ".weight"),
                       (".parametrizations.weight.original0",
@@ -444,17 +467,22 @@ def _fold(name: str, key: str, g: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     """w = g * v / ||v||, the norm taken over every dim where g has size 1.
 
     That covers weight_norm's default dim=0 (g is [out, 1, 1]) as well as any
-    other dim it was applied on; float64 keeps fp16 files from losing bits.
+    other dim it was applied on.  The arithmetic is float64 (fp16 files lose
+    no bits); writing straight into a float32 result keeps a float64 copy of
+    each large tensor from being made.
     """
-    if g.dim() not in (0, v.dim()) or any(
-            gs not in (1, vs) for gs, vs in zip(g.shape, v.shape)):
+    if not (g.is_floating_point() and v.is_floating_point()) or g.dim() not in (
+            0, v.dim()) or any(gs not in (1, vs) for gs, vs in zip(g.shape, v.shape)):
         raise CheckpointError(
             f"{name}: weight-norm tensors of {key} do not match "
             f"({tuple(g.shape)} vs {tuple(v.shape)})")
-    v64, g64 = v.detach().double(), g.detach().double()
+    v, g = v.detach(), g.detach().double()
     dims = [d for d in range(v.dim()) if g.dim() == 0 or g.shape[d] == 1]
-    norm = v64.norm(dim=dims, keepdim=True) if dims else v64.abs()
-    return (g64 * v64 / norm).float()
+    if dims:
+        norm = torch.linalg.vector_norm(v, dim=dims, keepdim=True, dtype=torch.float64)
+    else:  # g as large as v: every element is its own "row"
+        norm = v.double().abs()
+    return torch.mul(v, g / norm, out=torch.empty(v.shape, dtype=torch.float32))
 
 
 def _fold_weight_norm(name: str, weights: dict) -> dict:
@@ -486,8 +514,12 @@ def _fuse_cond_layers(name: str, weights: dict) -> dict:
         if sorted(layers) != list(range(len(layers))):
             raise CheckpointError(
                 f"{name}: {flow}.cond_layers has gaps (layers {sorted(layers)})")
-        out[f"{flow}.cond_layer.{what}"] = torch.cat(
-            [layers[i].float() for i in range(len(layers))], dim=0)
+        try:
+            out[f"{flow}.cond_layer.{what}"] = torch.cat(
+                [layers[i].float() for i in range(len(layers))], dim=0)
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"{name}: {flow}.cond_layers have mismatched shapes") from exc
     return out
 
 
@@ -496,7 +528,7 @@ def _check_waveglow(name: str, weights: dict) -> None:
         raise CheckpointError(
             f"{name}: uses the early WaveGlow layout (res_layers/skip_layers); "
             "use waveglow_256channels_universal_v5.pt or newer")
-    flows = sorted({int(k.split(".")[1]) for k in weights if k.startswith("WN.")})
+    flows = sorted({int(m.group(1)) for m in map(_FLOW_KEY.match, weights) if m})
     needed = ["upsample.weight"]
     for k in flows:
         needed += [f"WN.{k}.start.weight", f"WN.{k}.end.weight",
@@ -505,20 +537,20 @@ def _check_waveglow(name: str, weights: dict) -> None:
     _require(name, weights, needed, "WaveGlow")
 
 
-def load_waveglow_weights(path) -> dict[str, torch.Tensor]:
+def load_waveglow_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Canonical WaveGlow weights (current NVIDIA/waveglow glow.py names) from `path`."""
     name = os.fspath(path)
     weights = _fold_weight_norm(name, _weights_for(path, "waveglow"))
     weights = _fuse_cond_layers(name, weights)
     _check_waveglow(name, weights)
     kept = {k: v for k, v in weights.items() if _WAVEGLOW_KEY.fullmatch(k)}
-    return _as_float32(kept)
+    return _as_float32(name, kept)
 
 
 # --------------------------------------------------------------------------
 
 
-def file_digest(path) -> str:
+def file_digest(path: str | os.PathLike) -> str:
     """sha256 hex digest of the file's bytes, read in chunks."""
     name = os.fspath(path)
     digest = hashlib.sha256()

@@ -95,3 +95,32 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
              f"({summary.speed:.1f} audio seconds per second; model load {summary.load_seconds:.1f} s); "
              f"seed {summary.seed}; manifest: {out_dir / 'manifest.jsonl'}")
     sys.exit(EXIT_LINE_ERRORS if summary.counts["error"] else 0)
+
+
+@main.command()
+@click.option("--corpus", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Corpus to run. [default: the first 2,000 LJSpeech transcripts, shipped]")
+@click.option("--format", "format_", type=click.Choice(["plain", "ljspeech", "tsv"]), default="ljspeech",
+              show_default=True, help="Corpus format.")
+@click.option("--lines", type=click.IntRange(min=1), help="Use only the first N lines.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--baseline-lines", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Lines run through the naive batch-of-one loop for the speed-up ratio.")
+@click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available]")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the results as JSON here.")
+def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision, json_path):
+    """Benchmark on random full-size weights (no download): one run, one table."""
+    from tts_cli.bench import SAMPLE_CORPUS, BenchSettings, format_table, run_bench, write_json
+
+    settings = BenchSettings(corpus=corpus or SAMPLE_CORPUS, format=format_, lines=lines,
+                             batch_size=batch_size, baseline_lines=baseline_lines,
+                             device=device, precision=precision)
+    try:
+        result = run_bench(settings, echo=lambda m: click.echo(m, err=True))
+    except ValueError as e:
+        fatal(str(e))
+    click.echo(format_table(result))
+    if json_path:
+        write_json(result, json_path)

@@ -1,0 +1,60 @@
+"""GPU-only checks (marked requires_cuda; CI has no GPU and skips them).
+
+Full-size random models in the published shapes: every precision gives finite
+output close to fp32, and batched output equals batch-of-one on the GPU too.
+The measured errors are printed (run with -s) and recorded in the README.
+"""
+import pytest
+import torch
+
+from tts_cli.bench import random_models
+from tts_cli.engine import Engine, Job, SynthesisSettings
+from tts_cli.tacotron2 import DecodeSettings
+from tts_cli import text as frontend
+
+pytestmark = pytest.mark.requires_cuda
+
+LINES = ["Printing, in the only sense with which we are at present concerned,",
+         "differs from most if not from all the arts and crafts represented in the Exhibition.",
+         "Hi."]
+
+
+def engine(dtype):
+    settings = SynthesisSettings(decode=DecodeSettings(prenet_dropout=0.5))
+    return Engine(*random_models(), torch.device("cuda"), dtype, settings)
+
+
+def jobs():
+    return [Job(frontend.text_to_sequence(t), seed=i, frames=round(5.7 * len(t)))
+            for i, t in enumerate(LINES)]
+
+
+def rel(a, b):
+    return float(((torch.as_tensor(a) - torch.as_tensor(b)).norm() / torch.as_tensor(b).norm()))
+
+
+@pytest.fixture(scope="module")
+def fp32_results():
+    return engine(torch.float32).synthesize(jobs())
+
+
+@pytest.mark.parametrize("dtype, mel_tol, audio_tol", [
+    (torch.float16, 0.05, 0.2), (torch.bfloat16, 0.2, 0.5)])
+def test_half_precisions_are_finite_and_close_to_fp32(fp32_results, dtype, mel_tol, audio_tol):
+    results = engine(dtype).synthesize(jobs())
+    for r, ref in zip(results, fp32_results):
+        assert torch.isfinite(torch.as_tensor(r.audio)).all()
+        mel_err, audio_err = rel(r.mel, ref.mel), rel(r.audio, ref.audio)
+        print(f"{dtype}: frames {r.frames} mel rel err {mel_err:.2e}, audio rel err {audio_err:.2e}")
+        assert mel_err < mel_tol and audio_err < audio_tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_batched_equals_alone_on_the_gpu(dtype):
+    e = engine(dtype)
+    together = e.synthesize(jobs())
+    for job, r in zip(jobs(), together):
+        alone = e.synthesize([job])[0]
+        err = rel(r.audio, alone.audio)
+        print(f"{dtype}: batched vs alone audio rel err {err:.2e}")
+        assert err < (1e-4 if dtype == torch.float32 else 5e-2)
