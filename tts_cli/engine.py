@@ -70,6 +70,9 @@ class Engine:
     def __init__(self, tacotron2: Tacotron2, waveglow: WaveGlow, device: torch.device,
                  dtype: torch.dtype, settings: SynthesisSettings):
         self.device, self.dtype, self.settings = device, dtype, settings
+        if dtype == torch.float32:
+            # fp32 means fp32: cuDNN would otherwise run convolutions in TF32.
+            torch.backends.cudnn.allow_tf32 = False
         # float32 inverses of the 1x1 convolutions, computed once from the
         # float32 weights, before the model is cast.
         self.inverse_weights = [w.to(device) for w in waveglow.float().inverse_weights()]
