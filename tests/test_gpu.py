@@ -58,3 +58,28 @@ def test_batched_equals_alone_on_the_gpu(dtype):
         err = rel(r.audio, alone.audio)
         print(f"{dtype}: batched vs alone audio rel err {err:.2e}")
         assert err < (1e-4 if dtype == torch.float32 else 5e-2)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2), (torch.bfloat16, 5e-2)])
+def test_fast_path_equals_the_plain_eager_path(dtype, tol):
+    fast = engine(dtype)
+    plain = fast.eager()
+    for r, ref in zip(fast.synthesize(jobs()), plain.synthesize(jobs())):
+        assert r.frames == ref.frames
+        mel_err, audio_err = rel(r.mel, ref.mel), rel(r.audio, ref.audio)
+        print(f"{dtype}: fast vs eager mel rel err {mel_err:.2e}, audio rel err {audio_err:.2e}")
+        assert mel_err < tol and audio_err < tol
+
+
+def test_graphed_decoder_stops_like_the_eager_one():
+    from tts_cli.tacotron2 import decode
+    e = engine(torch.float32)
+    e.graphed.cfg = DecodeSettings(max_decoder_steps=37)   # gate-driven, random weights
+    lines = [frontend.text_to_sequence(t) for t in LINES]
+    from tts_cli.batching import pad_sequences
+    ids, lengths = pad_sequences(lines, device="cuda")
+    seeds = torch.tensor([1, 2, 3], device="cuda")
+    g_mel, g_frames, g_trunc = e.graphed.decode(ids, lengths, seeds)
+    mel, frames, trunc = decode(e.tacotron2, ids, lengths, seeds, DecodeSettings(max_decoder_steps=37))
+    assert g_frames.tolist() == frames.tolist() and g_trunc.tolist() == trunc.tolist()
+    assert rel(g_mel.cpu(), mel.cpu()) < 1e-4

@@ -6,6 +6,7 @@ Tacotron2 and WaveGlow run in the chosen dtype; WaveGlow's audio state and its
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +14,9 @@ import torch
 
 from tts_cli.batching import pad_sequences
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
+from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.waveglow import Denoiser, WaveGlow
+from tts_cli.waveglow_fast import FastWaveGlow
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -65,10 +68,17 @@ class Result:
 
 
 class Engine:
-    """Tacotron2 + WaveGlow + denoiser on one device, in one dtype."""
+    """Tacotron2 + WaveGlow + denoiser on one device, in one dtype.
+
+    On CUDA the fast paths run: the decoder replayed from CUDA graphs
+    (decoder_graph.py) and WaveGlow as large matrix products
+    (waveglow_fast.py). ``eager()`` gives the same engine without them: the
+    plain model code, as the reference runs it.
+    """
 
     def __init__(self, tacotron2: Tacotron2, waveglow: WaveGlow, device: torch.device,
-                 dtype: torch.dtype, settings: SynthesisSettings):
+                 dtype: torch.dtype, settings: SynthesisSettings, fast: bool | None = None,
+                 max_waveglow_rows: int = 1 << 20):
         self.device, self.dtype, self.settings = device, dtype, settings
         if dtype == torch.float32:
             # fp32 means fp32: cuDNN would otherwise run convolutions in TF32.
@@ -76,8 +86,15 @@ class Engine:
         # float32 inverses of the 1x1 convolutions, computed once from the
         # float32 weights, before the model is cast.
         self.inverse_weights = [w.to(device) for w in waveglow.float().inverse_weights()]
+        self.fast_waveglow = FastWaveGlow(waveglow.to(device), dtype)
         self.tacotron2 = tacotron2.to(device=device, dtype=dtype).eval()
         self.waveglow = waveglow.to(device=device, dtype=dtype).eval()
+        self.fast = device.type == "cuda" if fast is None else fast
+        on_gpu = self.fast and device.type == "cuda"
+        self.graphed = GraphedDecoder(self.tacotron2, settings.decode) if on_gpu else None
+        # WaveGlow runs over at most this many (item x group step) rows at once,
+        # which bounds its memory whatever the batch (1M rows: ~12 GiB in fp16).
+        self.max_waveglow_rows = max_waveglow_rows
         self.denoiser = (Denoiser.for_model(self.waveglow, dtype)
                          if settings.denoiser_strength > 0 else None)
 
@@ -87,7 +104,9 @@ class Engine:
 
     def eager(self) -> "Engine":
         """This engine without its fast paths (the reference's way of running)."""
-        return self
+        plain = copy.copy(self)
+        plain.fast, plain.graphed = False, None
+        return plain
 
     @torch.inference_mode()
     def decode_only(self, jobs: list[Job]):
@@ -97,6 +116,8 @@ class Engine:
         override = None
         if any(j.frames is not None for j in jobs):
             override = torch.tensor([j.frames or 0 for j in jobs], device=self.device)
+        if self.graphed is not None:
+            return self.graphed.decode(ids, lengths, seeds, override)
         return decode(self.tacotron2, ids, lengths, seeds, self.settings.decode, override)
 
     @torch.inference_mode()
@@ -105,7 +126,16 @@ class Engine:
         """WaveGlow for one batch: float32 audio (B, F*hop), garbage past frames*hop."""
         if seeds is None:
             seeds = torch.zeros(mel.shape[0], dtype=torch.long, device=self.device)
-        return self.waveglow.infer(mel, frames, seeds, self.settings.sigma, self.inverse_weights)
+        rows_per_item = mel.shape[2] * self.hop_length // self.waveglow.dims.n_group
+        step = max(1, self.max_waveglow_rows // rows_per_item)
+        return torch.cat([self._vocode(mel[i: i + step], frames[i: i + step], seeds[i: i + step])
+                          for i in range(0, mel.shape[0], step)])
+
+    def _vocode(self, mel, frames, seeds):
+        sigma = self.settings.sigma
+        if self.fast:
+            return self.fast_waveglow.infer(mel, frames, seeds, sigma)
+        return self.waveglow.infer(mel, frames, seeds, sigma, self.inverse_weights)
 
     @torch.inference_mode()
     def synthesize(self, jobs: list[Job]) -> list[Result]:
