@@ -83,3 +83,20 @@ def test_graphed_decoder_stops_like_the_eager_one():
     mel, frames, trunc = decode(e.tacotron2, ids, lengths, seeds, DecodeSettings(max_decoder_steps=37))
     assert g_frames.tolist() == frames.tolist() and g_trunc.tolist() == trunc.tolist()
     assert rel(g_mel.cpu(), mel.cpu()) < 1e-4
+
+
+def test_fused_kernels_equal_the_plain_torch_coupling(monkeypatch):
+    from tts_cli import kernels
+    from tts_cli.waveglow_fast import FastWaveGlow
+    _, waveglow = random_models()
+    fast = FastWaveGlow(waveglow.cuda(), torch.float32)
+    frames = torch.tensor([40, 13, 27], device="cuda")
+    mel = torch.randn(3, 80, 40, device="cuda") * (torch.arange(40, device="cuda")[None, None] < frames[:, None, None])
+    seeds = torch.tensor([1, 2, 3], device="cuda")
+    with torch.inference_mode():
+        fused = fast.infer(mel, frames, seeds, 0.666)
+        monkeypatch.setattr(kernels, "available", lambda: False)
+        plain = fast.infer(mel, frames, seeds, 0.666)
+    err = rel(fused.cpu(), plain.cpu())
+    print(f"fused kernels vs plain torch coupling, fp32: rel err {err:.2e}")
+    assert err < 1e-4

@@ -6,7 +6,11 @@ Tacotron2 and WaveGlow run in the chosen dtype; WaveGlow's audio state and its
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import queue
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +21,43 @@ from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.waveglow import Denoiser, WaveGlow
 from tts_cli.waveglow_fast import FastWaveGlow
+
+_DONE = object()   # end-of-stream marker between pipeline threads
+
+
+class _Crash:
+    """An unexpected exception that ended a pipeline thread; re-raised downstream."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _start(stage, source, sink) -> None:
+    def run():
+        try:
+            stage(source, sink)
+        except BaseException as e:  # noqa: BLE001 - handed to the consuming thread
+            sink.put(_Crash(e))
+    threading.Thread(target=run, daemon=True, name=f"tts-{stage.__name__}").start()
+
+
+def _record_event(device: torch.device):
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def _wait_for(event, tensors, device: torch.device) -> None:
+    """Make the current stream wait for tensors produced on another stream."""
+    if event is None:
+        return
+    stream = torch.cuda.current_stream(device)
+    stream.wait_event(event)
+    for tensor in tensors:
+        tensor.record_stream(stream)
+
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -140,11 +181,66 @@ class Engine:
     @torch.inference_mode()
     def synthesize(self, jobs: list[Job]) -> list[Result]:
         """One batch, results in the order of ``jobs``."""
-        mel, frames, truncated = self.decode_only(jobs)
+        return self._vocode_and_finish(jobs, *self.decode_only(jobs))
+
+    @torch.inference_mode()
+    def _vocode_and_finish(self, jobs: list[Job], mel: torch.Tensor, frames: torch.Tensor,
+                           truncated: torch.Tensor) -> list[Result]:
         seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
         audio = self.vocode(mel, frames, seeds)
         return [self._finish(mel[i], audio[i], int(frames[i]), bool(truncated[i]))
                 for i in range(len(jobs))]
+
+    def synthesize_all(self, batches: Iterable[list[Job]], depth: int = 2
+                       ) -> Iterator[list[Result] | Exception]:
+        """``synthesize`` over many batches, run ahead on background threads so
+        the GPU keeps working while the caller writes files. On CUDA, Tacotron2
+        (decoder graphs, small kernels) and WaveGlow (large products) run on two
+        threads and two streams, so the decoder's work fills WaveGlow's gaps.
+        Yields each batch's results in order, or the exception it raised."""
+        decoded: queue.Queue = queue.Queue(maxsize=depth)
+        results: queue.Queue = queue.Queue(maxsize=depth)
+        _start(self._decode_stage, batches, decoded)
+        _start(self._vocode_stage, decoded, results)
+        while (item := results.get()) is not _DONE:
+            if isinstance(item, _Crash):
+                raise item.error
+            yield item
+
+    def _stream(self):
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return torch.cuda.stream(torch.cuda.Stream(self.device))
+
+    @torch.inference_mode()
+    def _decode_stage(self, batches: Iterable[list[Job]], out: queue.Queue) -> None:
+        with self._stream():
+            for jobs in batches:
+                try:
+                    decoded = self.decode_only(jobs)
+                except RuntimeError as e:
+                    out.put((jobs, e))
+                    continue
+                out.put((jobs, decoded, _record_event(self.device)))
+        out.put(_DONE)
+
+    @torch.inference_mode()
+    def _vocode_stage(self, decoded: queue.Queue, out: queue.Queue) -> None:
+        with self._stream():
+            while (item := decoded.get()) is not _DONE:
+                if isinstance(item, _Crash):
+                    out.put(item)
+                    return
+                jobs, tensors, *event = item
+                if isinstance(tensors, Exception):
+                    out.put(tensors)
+                    continue
+                _wait_for(event[0], tensors, self.device)
+                try:
+                    out.put(self._vocode_and_finish(jobs, *tensors))
+                except RuntimeError as e:
+                    out.put(e)
+        out.put(_DONE)
 
     def _finish(self, mel: torch.Tensor, audio: torch.Tensor, frames: int,
                 truncated: bool) -> Result:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,9 +89,8 @@ def _build(model_class, state_dict, path: Path):
     try:
         return model_class.from_state_dict(state_dict)
     except (KeyError, ValueError, RuntimeError, IndexError) as e:
-        first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise FatalError(f"{path}: the weights do not form a {model_class.__name__} "
-                         f"({first_line})") from None
+                         f"({_first_line(e)})") from None
 
 
 def make_engine(settings: Settings, notices: list[str]) -> Engine:
@@ -189,28 +189,33 @@ def _row(u: Utterance, normalized: str, status: str, reason: str | None,
 
 def _run_batches(engine: Engine, pending: list[_Pending], settings: Settings, writer: "_Writer",
                  rows: dict[int, ManifestRow], frames_per_symbol: float | None) -> None:
-    batches = length_sorted_batches([len(p.ids) for p in pending], settings.batch_size)
+    """The GPU runs batches on its own thread; WAVs are encoded and written by
+    a small pool meanwhile; rows are filled in as files land."""
+    batches = [[pending[i] for i in batch]
+               for batch in length_sorted_batches([len(p.ids) for p in pending], settings.batch_size)]
+    jobs = ([_job(p, frames_per_symbol, settings) for p in items] for items in batches)
     started = time.perf_counter()
     audio_seconds = 0.0
-    with tqdm(total=len(pending), unit="line", disable=settings.quiet, dynamic_ncols=True) as bar:
-        for batch in batches:
-            items = [pending[i] for i in batch]
-            try:
-                results = engine.synthesize([_job(p, frames_per_symbol, settings) for p in items])
-            except RuntimeError as e:
-                reason = f"synthesis failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, \
+            tqdm(total=len(pending), unit="line", disable=settings.quiet, dynamic_ncols=True) as bar:
+        for items, results in zip(batches, engine.synthesize_all(jobs)):
+            if isinstance(results, Exception):
+                reason = f"synthesis failed: {_first_line(results)}"
                 for p in items:
                     rows[p.utterance.line] = _row(p.utterance, p.normalized, "error", reason,
                                                   writer.run_seed)
                 bar.update(len(items))
                 continue
-            for p, result in zip(items, results):
-                row = writer.write(p, result)
+            for p, row in zip(items, pool.map(writer.write, items, results)):
                 rows[p.utterance.line] = row
                 audio_seconds += row.duration
             bar.update(len(items))
             elapsed = time.perf_counter() - started
             bar.set_postfix(audio=f"{audio_seconds:.0f}s", speed=f"{audio_seconds / elapsed:.1f}x")
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _job(p: _Pending, frames_per_symbol: float | None, settings: Settings) -> Job:

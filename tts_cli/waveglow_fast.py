@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from tts_cli import randomness
+from tts_cli import kernels, randomness
 from tts_cli.waveglow import WaveGlow
 
 
@@ -97,6 +97,8 @@ class FastWaveGlow:
         """WN(a0, spect): (B, T, n_half) -> (B, T, 2*n_half) in the model dtype."""
         x = _linear(a0.to(self.dtype), w.start, w.start_bias)
         cond = _linear(spect, w.cond, w.cond_bias)              # (B, T, 2CL)
+        if x.is_cuda and kernels.available():
+            return self._coupling_fused(w, x, cond, keep)
         c = w.start.shape[1]
         skip = None
         for i, (taps, rs, rs_bias) in enumerate(zip(w.taps, w.res_skip, w.res_skip_bias)):
@@ -110,6 +112,28 @@ class FastWaveGlow:
                 out = out[..., c:]
             skip = out if skip is None else skip + out
         return _linear(skip, w.end, w.end_bias)
+
+    def _coupling_fused(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
+        """``coupling`` with the elementwise work in two fused kernels per layer."""
+        b, t, c = x.shape
+        x, cond, keep = x.reshape(-1, c), cond.reshape(b * t, -1), keep.reshape(-1)
+        taps = x.new_empty(b * t, 3 * c)
+        z = x.new_empty(b * t, 2 * c)
+        acts = x.new_empty(b * t, c)
+        skip = x.new_empty(b * t, c)
+        kernels.residual_taps(None, x, skip, keep, taps, t, dilation=1, first=True)
+        last = len(w.taps) - 1
+        for i, (tap_weight, rs, rs_bias) in enumerate(zip(w.taps, w.res_skip, w.res_skip_bias)):
+            torch.mm(taps, tap_weight, out=z)
+            kernels.gate(z, cond, i, out=acts)
+            out = torch.addmm(rs_bias, acts, rs)
+            if i < last:
+                kernels.residual_taps(out, x, skip, keep, taps, t, dilation=2 ** (i + 1), first=i == 0)
+            elif i == 0:
+                skip.copy_(out)
+            else:
+                skip += out
+        return _linear(skip, w.end, w.end_bias).view(b, t, -1)
 
     def infer(self, mel: Tensor, frames: Tensor, seeds: Tensor, sigma: float) -> Tensor:
         """Same contract as ``WaveGlow.infer``: float32 audio (B, F*hop)."""
