@@ -176,6 +176,16 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
     return result
 
 
+def _engine(b: BenchSettings) -> Engine:
+    device = resolve_device(b.device)
+    dtype, _ = resolve_precision(device, b.precision)
+    return Engine(*random_models(), device, dtype, _synthesis(load_settings()))
+
+
+def profile_only(b: BenchSettings) -> str:
+    return waveglow_kernel_profile(_engine(b))
+
+
 def _first_lines(corpus: Path, n: int | None, to: Path | None = None) -> Path:
     if n is None:
         return corpus
@@ -251,3 +261,25 @@ def format_table(r: dict) -> str:
 def write_json(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def waveglow_kernel_profile(engine: Engine, batch: int = 32, frames: int = 800, top: int = 12) -> str:
+    """Where WaveGlow's GPU time goes: the ``top`` kernels by total CUDA time."""
+    from torch.profiler import ProfilerActivity, profile
+    d = engine.waveglow.dims
+    mel = torch.randn(batch, d.n_mel, frames, device=engine.device, dtype=engine.dtype)
+    lengths = torch.full((batch,), frames, device=engine.device)
+    engine.vocode(mel, lengths)
+    _sync(engine.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.vocode(mel, lengths)
+        _sync(engine.device)
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name] = kernels.get(e.name, 0.0) + e.time_range.elapsed_us()
+    total = sum(kernels.values())
+    lines = [f"WaveGlow {batch} x {frames} frames: {total / 1e3:.1f} ms of kernels"]
+    for name, us in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"{us / 1e3:8.2f} ms {us / total:6.1%}  {name[:90]}")
+    return "\n".join(lines)

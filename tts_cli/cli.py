@@ -110,13 +110,18 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON here.")
-def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision, json_path):
+@click.option("--profile", is_flag=True, help="Only print where WaveGlow's GPU time goes, by kernel.")
+def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision, json_path, profile):
     """Benchmark on random full-size weights (no download): one run, one table."""
     from tts_cli.bench import SAMPLE_CORPUS, BenchSettings, format_table, run_bench, write_json
 
     settings = BenchSettings(corpus=corpus or SAMPLE_CORPUS, format=format_, lines=lines,
                              batch_size=batch_size, baseline_lines=baseline_lines,
                              device=device, precision=precision)
+    if profile:
+        from tts_cli.bench import profile_only
+        click.echo(profile_only(settings))
+        return
     try:
         result = run_bench(settings, echo=lambda m: click.echo(m, err=True))
     except ValueError as e:

@@ -102,6 +102,15 @@ class GraphedDecoder:
         g.stop_at[b:] = 0                # padding rows count as stopped from the start
         g.gated[b:] = True
 
+    @torch.inference_mode()
+    def prepare(self, shapes: set[tuple[int, int]]) -> None:
+        """Capture the graphs for these (batch, symbols) shapes now, before other
+        threads put work on the GPU (part of start-up, not of the run)."""
+        p = next(self.model.parameters())
+        like = torch.zeros(1, 1, self.model.dims.embedding_dim, dtype=p.dtype, device=p.device)
+        for b, t in shapes:
+            self._graph(_batch_bucket(b), _round_up(t, self.memory_bucket), like)
+
     def _graph(self, b: int, t: int, like: Tensor) -> _Graph:
         if (b, t) not in self.graphs:
             self.graphs[(b, t)] = self._capture(b, t, like)
@@ -128,7 +137,8 @@ class GraphedDecoder:
             for _ in range(2):           # warm-up: cuBLAS handles, workspaces
                 self._steps(g)
         torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(g.graph, pool=self.pool):
+        # thread_local: WaveGlow keeps running on another thread during a capture.
+        with torch.cuda.graph(g.graph, pool=self.pool, capture_error_mode="thread_local"):
             self._steps(g)
         return g
 

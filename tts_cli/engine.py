@@ -198,6 +198,9 @@ class Engine:
         (decoder graphs, small kernels) and WaveGlow (large products) run on two
         threads and two streams, so the decoder's work fills WaveGlow's gaps.
         Yields each batch's results in order, or the exception it raised."""
+        batches = list(batches)
+        if self.graphed is not None:
+            self.graphed.prepare({(len(jobs), max(len(j.ids) for j in jobs)) for jobs in batches})
         decoded: queue.Queue = queue.Queue(maxsize=depth)
         results: queue.Queue = queue.Queue(maxsize=depth)
         _start(self._decode_stage, batches, decoded)
