@@ -186,10 +186,17 @@ class Engine:
     @torch.inference_mode()
     def _vocode_and_finish(self, jobs: list[Job], mel: torch.Tensor, frames: torch.Tensor,
                            truncated: torch.Tensor) -> list[Result]:
+        counts, cut = frames.tolist(), truncated.tolist()
         seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
-        audio = self.vocode(mel, frames, seeds)
-        return [self._finish(mel[i], audio[i], int(frames[i]), bool(truncated[i]))
-                for i in range(len(jobs))]
+        audio = self.vocode(mel, frames, seeds)                      # (B, F*hop) float32
+        if self.denoiser is not None:
+            for i, n in enumerate(counts):
+                samples = n * self.hop_length
+                audio[i, :samples] = self.denoiser(audio[i, :samples], self.settings.denoiser_strength)
+        # One copy of the whole batch each: per-item copies would stall the stream.
+        audio, mel = audio.cpu().numpy(), mel.float().cpu().numpy()
+        return [Result(audio=audio[i, : n * self.hop_length], mel=mel[i, :, :n], frames=n,
+                       truncated=cut[i]) for i, n in enumerate(counts)]
 
     def synthesize_all(self, batches: Iterable[list[Job]], depth: int = 2
                        ) -> Iterator[list[Result] | Exception]:
@@ -244,12 +251,3 @@ class Engine:
                 except RuntimeError as e:
                     out.put(e)
         out.put(_DONE)
-
-    def _finish(self, mel: torch.Tensor, audio: torch.Tensor, frames: int,
-                truncated: bool) -> Result:
-        audio = audio[: frames * self.hop_length]
-        if self.denoiser is not None:
-            audio = self.denoiser(audio, self.settings.denoiser_strength)
-        return Result(audio=audio.float().cpu().numpy(),
-                      mel=mel[:, :frames].float().cpu().numpy(),
-                      frames=frames, truncated=truncated)
