@@ -9,8 +9,13 @@ the matmul rate on the shapes inside WaveGlow (DESIGN.md):
 * a dilated convolution with kernel 3 is one product with K = 3C over the
   three shifted copies of its input, zeroed outside each item's length (which
   is also what makes a batched item equal the item alone);
-* all of a flow's conditioning (8 layers x 2C outputs from the upsampled mel)
-  is one product with N = 2CL, with the dilated convolutions' biases folded in.
+* the upsampler (a transposed convolution) and each flow's conditioning layer
+  are both linear, so they are folded into one matrix applied to the mel
+  frames directly: the group step t = 32q + p sees mel frames q-3..q through
+  phase p's weights, so one product per flow maps each frame's 4-frame window
+  (K = 4 x 80) to the conditioning of its 32 group steps (N = 32 x 2CL). That
+  is half the multiply-adds of upsampling then conditioning, and no upsampled
+  mel is ever stored. The dilated convolutions' biases are folded in too.
 
 Weights are re-laid once at construction; nothing here does I/O.
 """
@@ -31,8 +36,8 @@ class FlowWeights:
     """One flow's weights as (K, N) matrices for ``x @ W``."""
     start: Tensor            # (n_half, C)
     start_bias: Tensor       # (C,)
-    cond: Tensor             # (n_mel*n_group, 2*C*L)
-    cond_bias: Tensor        # (2*C*L,) conditioning + dilated-convolution biases
+    cond: Tensor             # (J*n_mel, P*2*C*L): frame window -> P group steps' conditioning
+    cond_bias: Tensor        # (P*2*C*L,) upsampler, conditioning and dilated-convolution biases
     taps: list[Tensor]       # per layer (3*C, 2*C): rows [x(t-d) | x(t) | x(t+d)]
     res_skip: list[Tensor]   # per layer (C, 2*C), the last (C, C)
     res_skip_bias: list[Tensor]
@@ -46,14 +51,29 @@ def _matrix(conv_weight: Tensor) -> Tensor:
     return conv_weight.squeeze(2).t().contiguous()
 
 
+def _folded_conditioning(model: WaveGlow, k: int) -> tuple[Tensor, Tensor]:
+    """The upsampler followed by flow k's conditioning layer, as one matrix from
+    a window of J mel frames to P group steps (float32)."""
+    d, wn = model.dims, model.WN[k]
+    taps, phases = d.upsample_kernel // d.hop_length, d.hop_length // d.n_group   # J = 4, P = 32
+    up = model.upsample.weight.float()                                        # (I, C, kernel)
+    up = up.reshape(d.n_mel, d.n_mel, taps, phases, d.n_group)                 # kernel = (j, p, g)
+    cond = wn.cond_layer.weight.float().reshape(-1, d.n_mel, d.n_group)        # (O, C, G)
+    # sample 8t+g of frame block q sees frame q-j through kernel tap 256j + 8p + g
+    folded = torch.einsum("ocg,icjpg->jipo", cond, up).flip(0)                 # window slot k = J-1-j
+    in_bias = torch.cat([layer.bias for layer in wn.in_layers]).float()
+    bias = cond.sum(2) @ model.upsample.bias.float() + wn.cond_layer.bias.float() + in_bias
+    return folded.reshape(taps * d.n_mel, -1), bias.repeat(phases)
+
+
 def _flow_weights(model: WaveGlow, k: int, dtype: torch.dtype) -> FlowWeights:
     wn = model.WN[k]
     cast = lambda t: t.detach().to(dtype).contiguous()
     c = wn.channels
-    in_bias = torch.cat([layer.bias for layer in wn.in_layers])
+    cond, cond_bias = _folded_conditioning(model, k)
     return FlowWeights(
         start=cast(_matrix(wn.start.weight)), start_bias=cast(wn.start.bias),
-        cond=cast(_matrix(wn.cond_layer.weight)), cond_bias=cast(wn.cond_layer.bias + in_bias),
+        cond=cast(cond), cond_bias=cast(cond_bias),
         # (2C, C, 3) -> (3, C, 2C) -> (3C, 2C): tap j multiplies x(t + (j-1)d)
         taps=[cast(layer.weight.permute(2, 1, 0).reshape(3 * c, 2 * c)) for layer in wn.in_layers],
         res_skip=[cast(_matrix(layer.weight)) for layer in wn.res_skip_layers],
@@ -81,22 +101,20 @@ class FastWaveGlow:
     def __init__(self, model: WaveGlow, dtype: torch.dtype):
         self.dims = model.dims
         self.dtype = dtype
-        self.upsample = model.upsample.to(dtype)
         self.flows = [_flow_weights(model, k, dtype) for k in range(self.dims.n_flows)]
 
-    def spect(self, mel: Tensor) -> Tensor:
-        """(B, n_mel, F) -> (B, T, n_mel*n_group), T = F*hop/n_group."""
+    def frame_windows(self, mel: Tensor) -> Tensor:
+        """(B, n_mel, F) -> (B*F, J*n_mel): frames q-J+1..q for each q, zeros before 0."""
         d = self.dims
-        up = self.upsample(mel.to(self.dtype))[:, :, : mel.shape[2] * d.hop_length]
-        b, n_mel, samples = up.shape
-        # channel index c*n_group + g holds sample g of each group, as the reference
-        return up.view(b, n_mel, samples // d.n_group, d.n_group).permute(0, 2, 1, 3).reshape(
-            b, samples // d.n_group, n_mel * d.n_group)
+        taps = d.upsample_kernel // d.hop_length
+        padded = F.pad(mel.to(self.dtype), (taps - 1, 0))
+        windows = padded.unfold(2, taps, 1)                       # (B, n_mel, F, J)
+        return windows.permute(0, 2, 3, 1).reshape(-1, taps * d.n_mel)
 
-    def coupling(self, w: FlowWeights, a0: Tensor, spect: Tensor, keep: Tensor) -> Tensor:
-        """WN(a0, spect): (B, T, n_half) -> (B, T, 2*n_half) in the model dtype."""
+    def coupling(self, w: FlowWeights, a0: Tensor, windows: Tensor, keep: Tensor) -> Tensor:
+        """WN(a0, mel): (B, T, n_half) -> (B, T, 2*n_half) in the model dtype."""
         x = _linear(a0.to(self.dtype), w.start, w.start_bias)
-        cond = _linear(spect, w.cond, w.cond_bias)              # (B, T, 2CL)
+        cond = torch.addmm(w.cond_bias, windows, w.cond).view(*x.shape[:2], -1)   # (B, T, 2CL)
         if x.is_cuda and kernels.available():
             return self._coupling_fused(w, x, cond, keep)
         c = w.start.shape[1]
@@ -138,8 +156,8 @@ class FastWaveGlow:
     def infer(self, mel: Tensor, frames: Tensor, seeds: Tensor, sigma: float) -> Tensor:
         """Same contract as ``WaveGlow.infer``: float32 audio (B, F*hop)."""
         d = self.dims
-        spect = self.spect(mel)
-        b, steps, _ = spect.shape
+        windows = self.frame_windows(mel)
+        b, steps = mel.shape[0], mel.shape[2] * d.hop_length // d.n_group
         valid = frames * (d.hop_length // d.n_group)
         keep = (torch.arange(steps, device=mel.device)[None, :] < valid[:, None])[..., None]
         n_final = self.flows[-1].inverse.shape[0]
@@ -148,7 +166,7 @@ class FastWaveGlow:
             w = self.flows[k]
             n_half = audio.shape[2] // 2
             a0, a1 = audio[..., :n_half], audio[..., n_half:]
-            out = self.coupling(w, a0, spect, keep.to(self.dtype)).float()
+            out = self.coupling(w, a0, windows, keep.to(self.dtype)).float()
             a1 = (a1 - out[..., :n_half]) / torch.exp(out[..., n_half:])
             audio = torch.cat((a0, a1), 2) @ w.inverse
             if k % d.n_early_every == 0 and k > 0:
