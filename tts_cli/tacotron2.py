@@ -283,6 +283,17 @@ def prenet_keep_masks(seeds: Tensor, steps: Tensor, d: Tacotron2Dims, p: float,
             for i, w in enumerate(d.prenet_dims)]
 
 
+def _masks_for_steps(seeds: Tensor, first: int, k: int, d: Tacotron2Dims, p: float,
+                     dtype: torch.dtype) -> list[list[Tensor]] | None:
+    """prenet_keep_masks for steps first..first+k-1: a list over steps of lists over layers."""
+    b = seeds.shape[0]
+    steps = torch.arange(first, first + k, device=seeds.device).repeat_interleave(b)
+    masks = prenet_keep_masks(seeds.repeat(k), steps, d, p, dtype)
+    if masks is None:
+        return None
+    return [[m.view(k, b, -1)[j] for m in masks] for j in range(k)]
+
+
 @torch.inference_mode()
 def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
            cfg: DecodeSettings, frame_override: Tensor | None = None
@@ -300,9 +311,11 @@ def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
     b = ids.shape[0]
     frames_out, gates_out = [], []
     stop_at = torch.full((b,), cfg.max_decoder_steps, dtype=torch.long, device=ids.device)
+    k = cfg.stop_check_every
     for step in range(cfg.max_decoder_steps):
-        steps = torch.full((b,), step, dtype=torch.long, device=ids.device)
-        masks = prenet_keep_masks(seeds, steps, model.dims, cfg.prenet_dropout, memory.dtype)
+        if step % k == 0:   # dropout masks for the next k steps in one go: fewer small kernels
+            masks_ahead = _masks_for_steps(seeds, step, k, model.dims, cfg.prenet_dropout, memory.dtype)
+        masks = masks_ahead[step % k] if masks_ahead is not None else None
         state, gate = model.decoder.step(state, memory, processed_memory, invalid, masks)
         frames_out.append(state.frame)
         stops = torch.sigmoid(gate.float()) > cfg.gate_threshold
