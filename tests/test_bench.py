@@ -7,8 +7,9 @@ from tts_cli.waveglow import PUBLISHED_DIMS
 
 def test_waveglow_costs_447_gflop_per_audio_second_as_published():
     assert waveglow_flops_per_sample(PUBLISHED_DIMS) * 22050 == pytest.approx(447e9, rel=0.01)
-    # folding the upsampler into the conditioning halves the conditioning's cost
-    assert waveglow_flops_per_sample(PUBLISHED_DIMS, folded=True) * 22050 == pytest.approx(360e9, rel=0.01)
+    # the fast path folds the upsampler into the conditioning (half its cost) and
+    # the skip outputs into the end layer: 27 % fewer multiply-adds
+    assert waveglow_flops_per_sample(PUBLISHED_DIMS, folded=True) * 22050 == pytest.approx(326e9, rel=0.01)
 
 
 def test_the_table_has_every_measure():

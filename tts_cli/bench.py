@@ -49,7 +49,8 @@ def random_models(seed: int = 0) -> tuple[Tacotron2, WaveGlow]:
 def waveglow_flops_per_sample(d: WaveGlowDims, folded: bool = False) -> float:
     """Multiply-adds x 2 of WaveGlow's inverse per audio sample: the reference's
     arithmetic (upsampler, then conditioning), or with ``folded`` what the fast
-    path executes (upsampler folded into the conditioning, see waveglow_fast.py)."""
+    path executes (upsampler folded into the conditioning, skip outputs folded
+    into the end layer; see waveglow_fast.py)."""
     c, layers, per_step = d.wn_channels, d.wn_layers, 0
     cond_inputs = (d.upsample_kernel // d.hop_length if folded else d.n_group) * d.n_mel
     remaining = d.n_group
@@ -59,7 +60,10 @@ def waveglow_flops_per_sample(d: WaveGlowDims, folded: bool = False) -> float:
         half = remaining // 2
         per_step += half * c + cond_inputs * 2 * c * layers               # start, conditioning
         per_step += layers * c * d.wn_kernel * 2 * c                      # dilated convolutions
-        per_step += (layers - 1) * c * 2 * c + c * c + c * 2 * half       # res/skip, end
+        if folded:   # residual halves only; skip halves and end folded into one (L*C, 2h)
+            per_step += (layers - 1) * c * c + layers * c * 2 * half
+        else:
+            per_step += (layers - 1) * c * 2 * c + c * c + c * 2 * half   # res/skip, end
         per_step += remaining * remaining                                 # 1x1 inverse
     upsample = 0 if folded else d.n_mel * d.n_mel * d.upsample_kernel / d.hop_length
     return 2.0 * (per_step / d.n_group + upsample)

@@ -7,8 +7,8 @@ that work in two passes:
 
 * ``gate``: acts = tanh(z[:, :C] + cond[:, :C]) * sigmoid(z[:, C:] + cond[:, C:]),
   reading the layer's conditioning slice in place;
-* ``residual_taps``: x += res, skip += skip-part, and the next layer's shifted
-  taps [x(t-d) | x(t) | x(t+d)] (zero past each item's length and outside the
+* ``residual_taps``: x += res, and the next layer's shifted taps
+  [x(t-d) | x(t) | x(t+d)] (zero past each item's length and outside the
   sequence) written straight from registers.
 
 ``available()`` is False without Triton or CUDA; callers then use plain torch.
@@ -31,7 +31,7 @@ def available() -> bool:
 
 if triton is not None:
     @triton.jit
-    def _gate_kernel(z_ptr, cond_ptr, out_ptr, n_rows, cond_stride, cond_offset,
+    def _gate_kernel(z_ptr, cond_ptr, out_ptr, n_rows, cond_stride, cond_offset, out_stride,
                      C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
@@ -42,11 +42,11 @@ if triton is not None:
         t_in = tl.load(z, mask=mask).to(tl.float32) + tl.load(cond, mask=mask).to(tl.float32)
         s_in = tl.load(z + C, mask=mask).to(tl.float32) + tl.load(cond + C, mask=mask).to(tl.float32)
         acts = (2.0 * tl.sigmoid(2.0 * t_in) - 1.0) * tl.sigmoid(s_in)   # tanh(a) = 2 sigmoid(2a) - 1
-        tl.store(out_ptr + rows64 * C + cols, acts.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + rows64 * out_stride + cols, acts.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _residual_taps_kernel(rs_ptr, x_ptr, skip_ptr, keep_ptr, taps_ptr, n_rows, seq_len, dilation,
-                              C: tl.constexpr, HAS_RES: tl.constexpr, FIRST: tl.constexpr,
+    def _residual_taps_kernel(res_ptr, x_ptr, keep_ptr, taps_ptr, n_rows, seq_len, dilation,
+                              C: tl.constexpr, HAS_RES: tl.constexpr,
                               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
@@ -54,13 +54,8 @@ if triton is not None:
         rows64 = rows.to(tl.int64)
         x = tl.load(x_ptr + rows64 * C + cols, mask=mask).to(tl.float32)
         if HAS_RES:
-            rs = rs_ptr + rows64 * (2 * C) + cols
-            x = x + tl.load(rs, mask=mask).to(tl.float32)
+            x = x + tl.load(res_ptr + rows64 * C + cols, mask=mask).to(tl.float32)
             tl.store(x_ptr + rows64 * C + cols, x.to(x_ptr.dtype.element_ty), mask=mask)
-            skip = tl.load(rs + C, mask=mask).to(tl.float32)
-            if not FIRST:
-                skip += tl.load(skip_ptr + rows64 * C + cols, mask=mask).to(tl.float32)
-            tl.store(skip_ptr + rows64 * C + cols, skip.to(skip_ptr.dtype.element_ty), mask=mask)
         v = (x * tl.load(keep_ptr + rows, mask=rows < n_rows, other=0.0).to(tl.float32))
         v = v.to(taps_ptr.dtype.element_ty)
         t = rows % seq_len
@@ -82,19 +77,22 @@ def _grid(n_rows: int, c: int):
 
 
 def gate(z: Tensor, cond: Tensor, layer: int, out: Tensor) -> Tensor:
-    """z: (N, 2C); cond: (N, 2CL) whose columns [2Ci, 2C(i+1)) are this layer's."""
+    """z: (N, 2C); cond: (N, 2CL) whose columns [2Ci, 2C(i+1)) are this layer's;
+    out: (N, C), rows may be strided (a column block of a wider buffer)."""
     n, two_c = z.shape
     c = two_c // 2
-    _gate_kernel[_grid(n, c)](z, cond, out, n, cond.stride(0), two_c * layer,
+    assert out.stride(1) == 1 and cond.stride(1) == 1 and z.is_contiguous()
+    _gate_kernel[_grid(n, c)](z, cond, out, n, cond.stride(0), two_c * layer, out.stride(0),
                               C=c, BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C)
     return out
 
 
-def residual_taps(rs: Tensor | None, x: Tensor, skip: Tensor, keep: Tensor, taps: Tensor,
-                  seq_len: int, dilation: int, first: bool) -> None:
-    """x += rs[:, :C]; skip (+)= rs[:, C:]; taps = [x(t-d) | x(t) | x(t+d)] of keep * x.
-    With ``rs`` None only the taps are written. Rows are (item, t) with t < seq_len."""
+def residual_taps(res: Tensor | None, x: Tensor, keep: Tensor, taps: Tensor,
+                  seq_len: int, dilation: int) -> None:
+    """x += res; taps = [x(t-d) | x(t) | x(t+d)] of keep * x. With ``res`` None
+    only the taps are written. Rows are (item, t) with t < seq_len."""
     n, c = x.shape
-    _residual_taps_kernel[_grid(n, c)](rs if rs is not None else x, x, skip, keep, taps, n, seq_len,
-                                       dilation, C=c, HAS_RES=rs is not None, FIRST=first,
+    assert x.is_contiguous() and taps.is_contiguous() and (res is None or res.is_contiguous())
+    _residual_taps_kernel[_grid(n, c)](res if res is not None else x, x, keep, taps, n, seq_len,
+                                       dilation, C=c, HAS_RES=res is not None,
                                        BLOCK_R=_BLOCK_R, BLOCK_C=_BLOCK_C)

@@ -15,7 +15,11 @@ the matmul rate on the shapes inside WaveGlow (DESIGN.md):
   phase p's weights, so one product per flow maps each frame's 4-frame window
   (K = 4 x 80) to the conditioning of its 32 group steps (N = 32 x 2CL). That
   is half the multiply-adds of upsampling then conditioning, and no upsampled
-  mel is ever stored. The dilated convolutions' biases are folded in too.
+  mel is ever stored. The dilated convolutions' biases are folded in too;
+* the skip outputs are only ever summed and fed to the (linear) end layer, so
+  each layer's gated activations are kept side by side and one product with
+  the skip weights and the end layer folded together, (L*C, 2*n_half), gives
+  the flow's output: per layer only the residual half (C -> C) is computed.
 
 Weights are re-laid once at construction; nothing here does I/O.
 """
@@ -39,10 +43,10 @@ class FlowWeights:
     cond: Tensor             # (J*n_mel, P*2*C*L): frame window -> P group steps' conditioning
     cond_bias: Tensor        # (P*2*C*L,) upsampler, conditioning and dilated-convolution biases
     taps: list[Tensor]       # per layer (3*C, 2*C): rows [x(t-d) | x(t) | x(t+d)]
-    res_skip: list[Tensor]   # per layer (C, 2*C), the last (C, C)
-    res_skip_bias: list[Tensor]
-    end: Tensor              # (C, 2*n_half)
-    end_bias: Tensor
+    res: list[Tensor]        # per layer but the last (C, C): the residual half of res_skip
+    res_bias: list[Tensor]
+    skip_end: Tensor         # (L*C, 2*n_half): every layer's skip half, then the end layer
+    skip_end_bias: Tensor    # (2*n_half,)
     inverse: Tensor          # (c, c) float32: audio @ inverse == W^-1 applied per step
 
 
@@ -66,19 +70,31 @@ def _folded_conditioning(model: WaveGlow, k: int) -> tuple[Tensor, Tensor]:
     return folded.reshape(taps * d.n_mel, -1), bias.repeat(phases)
 
 
+def _folded_skip_end(model: WaveGlow, k: int) -> tuple[Tensor, Tensor]:
+    """end(sum_i skip_i(acts_i)) = [acts_0 | ... | acts_L-1] @ W + b (float32)."""
+    wn = model.WN[k]
+    c = wn.channels
+    end, end_bias = _matrix(wn.end.weight).float(), wn.end.bias.float()
+    skips = [_matrix(layer.weight).float()[:, -c:] for layer in wn.res_skip_layers]   # (C, C) each
+    skip_biases = [layer.bias.float()[-c:] for layer in wn.res_skip_layers]
+    return torch.cat(skips) @ end, sum(skip_biases) @ end + end_bias
+
+
 def _flow_weights(model: WaveGlow, k: int, dtype: torch.dtype) -> FlowWeights:
     wn = model.WN[k]
     cast = lambda t: t.detach().to(dtype).contiguous()
     c = wn.channels
     cond, cond_bias = _folded_conditioning(model, k)
+    skip_end, skip_end_bias = _folded_skip_end(model, k)
+    residual_layers = wn.res_skip_layers[:-1]
     return FlowWeights(
         start=cast(_matrix(wn.start.weight)), start_bias=cast(wn.start.bias),
         cond=cast(cond), cond_bias=cast(cond_bias),
         # (2C, C, 3) -> (3, C, 2C) -> (3C, 2C): tap j multiplies x(t + (j-1)d)
         taps=[cast(layer.weight.permute(2, 1, 0).reshape(3 * c, 2 * c)) for layer in wn.in_layers],
-        res_skip=[cast(_matrix(layer.weight)) for layer in wn.res_skip_layers],
-        res_skip_bias=[cast(layer.bias) for layer in wn.res_skip_layers],
-        end=cast(_matrix(wn.end.weight)), end_bias=cast(wn.end.bias),
+        res=[cast(_matrix(layer.weight)[:, :c]) for layer in residual_layers],
+        res_bias=[cast(layer.bias[:c]) for layer in residual_layers],
+        skip_end=cast(skip_end), skip_end_bias=cast(skip_end_bias),
         inverse=model.convinv[k].inverse_weight().t().contiguous(),
     )
 
@@ -117,41 +133,34 @@ class FastWaveGlow:
         cond = torch.addmm(w.cond_bias, windows, w.cond).view(*x.shape[:2], -1)   # (B, T, 2CL)
         if x.is_cuda and kernels.available():
             return self._coupling_fused(w, x, cond, keep)
-        c = w.start.shape[1]
-        skip = None
-        for i, (taps, rs, rs_bias) in enumerate(zip(w.taps, w.res_skip, w.res_skip_bias)):
+        c, layers = w.start.shape[1], len(w.taps)
+        acts = x.new_empty(*x.shape[:2], layers * c)            # every layer's gated activations
+        for i, taps in enumerate(w.taps):
             xs = shifted_taps(x * keep, 2 ** i)
             z = torch.addmm(cond[..., 2 * c * i: 2 * c * (i + 1)].reshape(-1, 2 * c),
-                            xs.reshape(-1, 3 * c), taps)
-            acts = torch.tanh(z[:, :c]) * torch.sigmoid(z[:, c:])
-            out = torch.addmm(rs_bias, acts, rs).view(*x.shape[:2], rs.shape[1])
-            if rs.shape[1] == 2 * c:
-                x = x + out[..., :c]
-                out = out[..., c:]
-            skip = out if skip is None else skip + out
-        return _linear(skip, w.end, w.end_bias)
+                            xs.reshape(-1, 3 * c), taps).view(*x.shape[:2], 2 * c)
+            acts[..., c * i: c * (i + 1)] = torch.tanh(z[..., :c]) * torch.sigmoid(z[..., c:])
+            if i < layers - 1:
+                x = x + _linear(acts[..., c * i: c * (i + 1)], w.res[i], w.res_bias[i])
+        return _linear(acts, w.skip_end, w.skip_end_bias)
 
     def _coupling_fused(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
         """``coupling`` with the elementwise work in two fused kernels per layer."""
         b, t, c = x.shape
+        layers = len(w.taps)
         x, cond, keep = x.reshape(-1, c), cond.reshape(b * t, -1), keep.reshape(-1)
         taps = x.new_empty(b * t, 3 * c)
         z = x.new_empty(b * t, 2 * c)
-        acts = x.new_empty(b * t, c)
-        skip = x.new_empty(b * t, c)
-        kernels.residual_taps(None, x, skip, keep, taps, t, dilation=1, first=True)
-        last = len(w.taps) - 1
-        for i, (tap_weight, rs, rs_bias) in enumerate(zip(w.taps, w.res_skip, w.res_skip_bias)):
+        acts = x.new_empty(b * t, layers * c)
+        kernels.residual_taps(None, x, keep, taps, t, dilation=1)
+        for i, tap_weight in enumerate(w.taps):
             torch.mm(taps, tap_weight, out=z)
-            kernels.gate(z, cond, i, out=acts)
-            out = torch.addmm(rs_bias, acts, rs)
-            if i < last:
-                kernels.residual_taps(out, x, skip, keep, taps, t, dilation=2 ** (i + 1), first=i == 0)
-            elif i == 0:
-                skip.copy_(out)
-            else:
-                skip += out
-        return _linear(skip, w.end, w.end_bias).view(b, t, -1)
+            layer_acts = acts[:, c * i: c * (i + 1)]
+            kernels.gate(z, cond, i, out=layer_acts)
+            if i < layers - 1:
+                res = torch.addmm(w.res_bias[i], layer_acts, w.res[i])
+                kernels.residual_taps(res, x, keep, taps, t, dilation=2 ** (i + 1))
+        return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
 
     def infer(self, mel: Tensor, frames: Tensor, seeds: Tensor, sigma: float) -> Tensor:
         """Same contract as ``WaveGlow.infer``: float32 audio (B, F*hop)."""
