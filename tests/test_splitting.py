@@ -1,0 +1,53 @@
+"""Cutting long lines: gentlest boundary first, nothing lost, pieces fit."""
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tts_cli.splitting import split_text
+from tts_cli.text import UnsupportedTextError, normalize
+
+
+def symbols(text: str) -> int:
+    return len(normalize(text)[0])
+
+
+def test_a_line_within_the_limit_is_not_cut():
+    line = "Short enough, by far."
+    assert split_text(line, 180, symbols) == [line]
+    assert split_text(line * 20, 0, symbols) == [line * 20], "0 disables cutting"
+
+
+def test_sentences_are_kept_whole_and_packed_before_clauses_are_cut():
+    line = "One two three. Four five six. Seven eight nine, ten eleven."
+    assert split_text(line, 30, symbols) == ["One two three. Four five six.", "Seven eight nine, ten eleven."]
+    assert split_text(line, 20, symbols) == ["One two three.", "Four five six.", "Seven eight nine,",
+                                             "ten eleven."]
+
+
+def test_a_sentence_too_long_even_per_clause_is_cut_between_words_not_glued_to_the_next():
+    line = "aaaa bbbb cccc dddd eeee ffff gggg. Next sentence."
+    assert split_text(line, 15, symbols) == ["aaaa bbbb cccc", "dddd eeee ffff", "gggg.", "Next sentence."]
+
+
+def test_limits_count_normalized_symbols_and_arpabet_stays_whole():
+    # "$3.50" reads "three dollars, fifty cents": 26 symbols from 5 characters.
+    assert split_text("Pay $3.50 now.", 12, symbols) == ["Pay", "$3.50", "now."]
+    assert "{HH AW1 S}" in split_text("a very long {HH AW1 S} word list here", 6, symbols)
+
+
+_WORDS = st.lists(st.sampled_from(["word", "longer", "a", "$12", "1963", "Mr.", "x,", "end.", "so;",
+                                   "{HH AW1 S}", "it's", "\u00e9t\u00e9", "--"]), min_size=1, max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(words=_WORDS, limit=st.integers(min_value=1, max_value=80))
+def test_no_word_is_lost_and_every_piece_fits_unless_it_is_one_word(words, limit):
+    line = " ".join(words)
+    try:
+        pieces = split_text(line, limit, symbols)
+    except UnsupportedTextError:
+        return
+    assert " ".join(pieces).split() == line.split()
+    for piece in pieces:
+        assert symbols(piece) <= limit or len(re.findall(r"\{[^}]*\}?|\S+", piece)) == 1
