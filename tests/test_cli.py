@@ -114,16 +114,6 @@ def test_missing_published_checkpoints_say_where_to_get_them(tmp_path, monkeypat
     assert "tacotron2_statedict.pt" in result.output and "NVIDIA/tacotron2" in result.output
 
 
-def test_an_existing_manifest_is_kept_unless_forced(tmp_path, tiny_checkpoints):
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("hello\n")
-    out = tmp_path / "out"
-    assert run([str(corpus), "-o", str(out)], tiny_checkpoints).exit_code == 0
-    again = run([str(corpus), "-o", str(out)], tiny_checkpoints)
-    assert again.exit_code == 2 and "--force" in again.output
-    assert run([str(corpus), "-o", str(out), "--force"], tiny_checkpoints).exit_code == 0
-
-
 def test_usage_errors_exit_2(tmp_path):
     result = CliRunner().invoke(main, ["c.txt", "-o", "out", "--batch-size", "0"])
     assert result.exit_code == 2
@@ -135,5 +125,5 @@ def test_help_lists_the_options():
     result = CliRunner().invoke(main, ["synth", "--help"])
     for option in ("--tacotron2", "--waveglow", "--sigma", "--denoiser-strength", "--max-decoder-steps",
                    "--gate-threshold", "--prenet-dropout", "--seed", "--batch-size", "--sample-format",
-                   "--save-mels", "--format", "--force", "--quiet", "--device", "--precision", "--recipe"):
+                   "--save-mels", "--format", "--force", "--max-symbols-per-piece", "--piece-pause", "--quiet", "--device", "--precision", "--recipe"):
         assert option in result.output

@@ -1,10 +1,12 @@
 """The ``tts-batch`` command: thin; all work happens in pipeline.py.
 
 Exit status: 0 when no line ended in ``error``, 1 when some did, 2 for usage
-errors (bad option, recipe, corpus ids or checkpoint file).
+errors (bad option, recipe, corpus ids or checkpoint file) and for an output
+directory that cannot be written; 130 after SIGINT, 143 after SIGTERM.
 """
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -72,11 +74,16 @@ def main():
 @click.option("--sample-format", type=click.Choice(["pcm16", "float32"]),
               help="WAV sample format. [default: pcm16]")
 @click.option("--save-mels", is_flag=True, default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")
-@click.option("--force", is_flag=True, default=None, help="Overwrite an output directory that already holds a manifest.")
+@click.option("--max-symbols-per-piece", type=click.IntRange(min=0),
+              help="Cut longer lines at sentence, clause, then word boundaries; 0 never cuts. [default: 180]")
+@click.option("--piece-pause", type=click.FloatRange(0, 10),
+              help="Seconds of silence between the pieces of a cut line. [default: 0.15]")
+@click.option("--force", is_flag=True, default=None,
+              help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")
 def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **options):
     """Synthesize every line of CORPUS into OUT/wavs/<id>.wav and OUT/manifest.jsonl."""
-    from tts_cli.pipeline import FatalError, synthesize_corpus  # torch loads only when needed
+    from tts_cli.pipeline import FatalError, Interrupted, synthesize_corpus  # torch loads only when needed
 
     try:
         settings = load_settings(recipe, {"format": format_, **options})
@@ -87,14 +94,36 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
         summary = synthesize_corpus(settings, corpus, out_dir, on_notice=echo)
     except FatalError as e:
         fatal(str(e))
+    except Interrupted as e:
+        _stopped(e.summary, out_dir, e)
+        sys.exit(128 + e.signum)
+    except KeyboardInterrupt:
+        click.echo(f"tts-batch: stopped at once; {_resume_hint()}", err=True)
+        sys.exit(130)
     if not settings.quiet:
-        counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items() if n)
-        clipped = f"; {summary.clipped_samples} samples clipped" if summary.clipped_samples else ""
-        echo(f"{len(summary.rows)} lines: {counts}{clipped}\n"
-             f"{summary.audio_seconds:.1f} s of audio in {summary.wall_seconds:.1f} s "
-             f"({summary.speed:.1f} audio seconds per second; model load {summary.load_seconds:.1f} s); "
-             f"seed {summary.seed}; manifest: {out_dir / 'manifest.jsonl'}")
+        echo(_summary_lines(summary, out_dir))
     sys.exit(EXIT_LINE_ERRORS if summary.counts["error"] else 0)
+
+
+def _resume_hint() -> str:
+    return f"to finish, run the same command again: tts-batch {shlex.join(sys.argv[1:])}"
+
+
+def _stopped(summary, out_dir: Path, e) -> None:
+    """One line, even with --quiet: a cron log must say why the run ended."""
+    done = sum(1 for row in summary.rows if row.audio_filepath or row.status == "skipped")
+    click.echo(f"tts-batch: {e} received; {done} of {len(summary.rows)} lines are done and "
+               f"{out_dir / 'manifest.jsonl'} is saved; {_resume_hint()}", err=True)
+
+
+def _summary_lines(summary, out_dir: Path) -> str:
+    counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items() if n)
+    clipped = f"; {summary.clipped_samples} samples clipped" if summary.clipped_samples else ""
+    seed = f"seed {summary.seed}" + (f" ({summary.seed_source})" if summary.seed_source != "given" else "")
+    return (f"{len(summary.rows)} lines: {counts}; {summary.reused} reused from an earlier run{clipped}\n"
+            f"{summary.audio_seconds:.1f} s of audio in {summary.wall_seconds:.1f} s "
+            f"({summary.speed:.1f} audio seconds per second; model load {summary.load_seconds:.1f} s); "
+            f"{seed}; manifest: {out_dir / 'manifest.jsonl'}")
 
 
 @main.command()

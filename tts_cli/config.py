@@ -42,7 +42,9 @@ class Settings:
     format: str = "plain"               # corpus format: plain, ljspeech, tsv
     device: str | None = None           # cuda, cuda:N, cpu; None: cuda when available
     precision: str | None = None        # fp32, fp16, bf16; None: fp16 on CUDA, fp32 on CPU
-    force: bool = False                 # overwrite an output directory that holds a manifest
+    max_symbols_per_piece: int = 180    # longer lines are cut into pieces; 0 disables (splitting.py)
+    piece_pause: float = 0.15           # seconds of silence between a cut line's pieces
+    force: bool = False                 # redo every line, reusing nothing from an earlier run
     quiet: bool = False                 # no progress bar or summary
 
     def __post_init__(self):
@@ -60,6 +62,8 @@ def _problems(s: Settings):
         (0 <= s.prenet_dropout < 1, "prenet_dropout must be in [0, 1)"),
         (s.batch_size >= 1, "batch_size must be >= 1"),
         (s.seed is None or s.seed >= 0, "seed must be >= 0"),
+        (s.max_symbols_per_piece >= 0, "max_symbols_per_piece must be >= 0 (0 disables splitting)"),
+        (0 <= s.piece_pause <= 10, "piece_pause must be between 0 and 10 seconds"),
         (s.sample_format in SAMPLE_FORMATS, f"sample_format must be one of {', '.join(SAMPLE_FORMATS)}"),
         (s.format in CORPUS_FORMATS, f"format must be one of {', '.join(CORPUS_FORMATS)}"),
         (s.precision is None or s.precision in PRECISION_NAMES,

@@ -198,19 +198,26 @@ class Engine:
         return [Result(audio=audio[i, : n * self.hop_length], mel=mel[i, :, :n], frames=n,
                        truncated=cut[i]) for i, n in enumerate(counts)]
 
-    def synthesize_all(self, batches: Iterable[list[Job]], depth: int = 2
-                       ) -> Iterator[list[Result] | Exception]:
+    def synthesize_all(self, batches: Iterable[list[Job]], depth: int = 2,
+                       stop: threading.Event | None = None
+                       ) -> Iterator[tuple[list[Job], list[Result] | Exception]]:
         """``synthesize`` over many batches, run ahead on background threads so
         the GPU keeps working while the caller writes files. On CUDA, Tacotron2
         (decoder graphs, small kernels) and WaveGlow (large products) run on two
         threads and two streams, so the decoder's work fills WaveGlow's gaps.
-        Yields each batch's results in order, or the exception it raised."""
+
+        Yields ``(jobs, results)`` in batch order, where ``results`` is the
+        jobs' results or the exception that failed them. A batch that runs out
+        of GPU memory is split in halves and retried, down to single jobs, so
+        one batch may come back as several smaller ones; only a job that fails
+        alone comes back with the error. Once ``stop`` is set no new batch
+        starts; batches already started still come out."""
         batches = list(batches)
         if self.graphed is not None:
             self.graphed.prepare({(len(jobs), max(len(j.ids) for j in jobs)) for jobs in batches})
         decoded: queue.Queue = queue.Queue(maxsize=depth)
         results: queue.Queue = queue.Queue(maxsize=depth)
-        _start(self._decode_stage, batches, decoded)
+        _start(self._decode_stage, (batches, stop or threading.Event()), decoded)
         _start(self._vocode_stage, decoded, results)
         while (item := results.get()) is not _DONE:
             if isinstance(item, _Crash):
@@ -222,17 +229,38 @@ class Engine:
             return contextlib.nullcontext()
         return torch.cuda.stream(torch.cuda.Stream(self.device))
 
+    def _release_memory(self) -> None:
+        """Hand cached blocks back before retrying smaller: the failed batch's
+        allocations are free now but still held by the caching allocator."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     @torch.inference_mode()
-    def _decode_stage(self, batches: Iterable[list[Job]], out: queue.Queue) -> None:
+    def _decode_stage(self, work: tuple[list[list[Job]], threading.Event], out: queue.Queue) -> None:
+        batches, stop = work
         with self._stream():
             for jobs in batches:
-                try:
-                    decoded = self.decode_only(jobs)
-                except RuntimeError as e:
-                    out.put((jobs, e))
-                    continue
-                out.put((jobs, decoded, _record_event(self.device)))
+                if stop.is_set():
+                    break
+                self._decode_split(jobs, out)
         out.put(_DONE)
+
+    def _decode_split(self, jobs: list[Job], out: queue.Queue) -> None:
+        """Decode ``jobs``; out of memory, decode each half on its own."""
+        try:
+            decoded = self.decode_only(jobs)
+        except torch.cuda.OutOfMemoryError as e:
+            if len(jobs) == 1:
+                out.put((jobs, e))
+                return
+            self._release_memory()
+            for half in _halves(jobs):
+                self._decode_split(half, out)
+            return
+        except RuntimeError as e:
+            out.put((jobs, e))
+            return
+        out.put((jobs, decoded, _record_event(self.device)))
 
     @torch.inference_mode()
     def _vocode_stage(self, decoded: queue.Queue, out: queue.Queue) -> None:
@@ -243,11 +271,31 @@ class Engine:
                     return
                 jobs, tensors, *event = item
                 if isinstance(tensors, Exception):
-                    out.put(tensors)
+                    out.put((jobs, tensors))
                     continue
                 _wait_for(event[0], tensors, self.device)
-                try:
-                    out.put(self._vocode_and_finish(jobs, *tensors))
-                except RuntimeError as e:
-                    out.put(e)
+                self._vocode_split(jobs, tensors, out)
         out.put(_DONE)
+
+    def _vocode_split(self, jobs: list[Job], tensors, out: queue.Queue) -> None:
+        """Vocode one decoded batch; out of memory, vocode each half on its own
+        (each half's mel cut to its own longest line)."""
+        try:
+            out.put((jobs, self._vocode_and_finish(jobs, *tensors)))
+        except torch.cuda.OutOfMemoryError as e:
+            if len(jobs) == 1:
+                out.put((jobs, e))
+                return
+            self._release_memory()
+            mel, frames, truncated = tensors
+            middle = (len(jobs) + 1) // 2
+            for part in (slice(0, middle), slice(middle, len(jobs))):
+                longest = int(frames[part].max())
+                self._vocode_split(jobs[part], (mel[part, :, :longest], frames[part], truncated[part]), out)
+        except RuntimeError as e:
+            out.put((jobs, e))
+
+
+def _halves(jobs: list[Job]) -> list[list[Job]]:
+    middle = (len(jobs) + 1) // 2
+    return [jobs[:middle], jobs[middle:]]

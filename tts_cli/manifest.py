@@ -56,6 +56,11 @@ class ManifestRow:
     seed: int | None = None
     # Mel spectrogram path relative to the manifest's directory, when mels are saved.
     mel_filepath: str | None = None
+    # Pieces the line was cut into and synthesized as (1: not cut; 0: not synthesized).
+    pieces: int = 1
+    # Resume key: hash of everything that decides this line's audio (ids, models,
+    # settings, seed). A re-run reuses the WAV when the key matches.
+    key: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -2,24 +2,35 @@
 -> WAV (and mel) files -> manifest, one row per corpus line in corpus order."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
+import re
 import secrets
-from concurrent.futures import ThreadPoolExecutor
+import signal
+import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import soundfile as sf
+import torch
 from tqdm import tqdm
 
 from tts_cli import text as frontend
 from tts_cli.audio import write_mel, write_wav
 from tts_cli.batching import length_sorted_batches
-from tts_cli.checkpoints import CheckpointError, load_tacotron2_weights, load_waveglow_weights
+from tts_cli.checkpoints import (CheckpointError, file_digest, load_tacotron2_weights,
+                                 load_waveglow_weights)
 from tts_cli.config import Settings
 from tts_cli.corpus import NOTHING_TO_SAY, CorpusError, Utterance, read_corpus
 from tts_cli.engine import Engine, Job, Result, SynthesisSettings, resolve_device, resolve_precision
-from tts_cli.manifest import ManifestRow, summarize, write_manifest
+from tts_cli.manifest import ManifestRow, read_manifest, summarize, write_manifest
 from tts_cli.randomness import line_seed
+from tts_cli.splitting import split_text
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2
 from tts_cli.waveglow import WaveGlow
 
@@ -32,10 +43,29 @@ WHERE_TO_GET = {
     "waveglow": "the published-model link of github.com/NVIDIA/waveglow, or NGC's waveglow model",
 }
 MANIFEST_NAME = "manifest.jsonl"
+# The manifest is rewritten at most this often during a run (and always at the
+# end): a SIGKILL loses at most this much finished work, and a corpus of many
+# small batches does not rewrite a large manifest after every one.
+CHECKPOINT_SECONDS = 2.0
+# Statuses whose WAV a re-run may keep.
+REUSABLE = ("ok", "truncated")
 
 
 class FatalError(Exception):
-    """Stops the run before any synthesis; the message is one line."""
+    """Stops the run; the message is one line."""
+
+
+class OutputError(FatalError):
+    """The output directory could not be written (full disk, permissions).
+    Raised after the manifest rows of everything already written were saved."""
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM: the files in flight were finished and the manifest saved."""
+
+    def __init__(self, signum: int, summary: "RunSummary"):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.summary = signum, summary
 
 
 @dataclass(frozen=True)
@@ -48,11 +78,15 @@ class RunSummary:
     load_seconds: float
     seed: int
     notices: list[str]
+    reused: int = 0               # lines whose WAV an earlier run made and this one kept
+    seed_source: str = "given"    # given, random, or "from the existing manifest"
+    reused_seconds: float = 0.0   # audio of the reused lines, not made by this run
 
     @property
     def speed(self) -> float:
-        """Audio seconds per wall second."""
-        return self.audio_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+        """Audio seconds made by this run per wall second."""
+        made = max(self.audio_seconds - self.reused_seconds, 0.0)
+        return made / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
 def checkpoint_dirs() -> list[Path]:
@@ -110,19 +144,61 @@ def make_engine(settings: Settings, notices: list[str]) -> Engine:
     return Engine(tacotron2, waveglow, device, dtype, synthesis)
 
 
+def model_fingerprint(settings: Settings) -> dict[str, str]:
+    """sha256 of both checkpoint files: a resume key must change when the
+    weights change, whatever the files are called. Hashing the ~650 MB
+    WaveGlow takes a few seconds, so it is done once per run."""
+    fingerprint = {}
+    for kind in PUBLISHED_FILES:
+        try:
+            fingerprint[kind] = file_digest(find_checkpoint(kind, getattr(settings, kind)))
+        except CheckpointError as e:
+            raise FatalError(str(e)) from None
+    return fingerprint
+
+
+def audio_identity(settings: Settings, engine: Engine | None,
+                   frames_per_symbol: float | None) -> dict:
+    """Everything besides a line's ids and seed that changes its audio."""
+    if engine is not None:
+        # The caller's own models (the benchmark): no files to hash.
+        device, dtype, models = engine.device, engine.dtype, {"engine": "given by the caller"}
+    else:
+        try:
+            device = resolve_device(settings.device)
+        except (ValueError, RuntimeError) as e:
+            raise FatalError(str(e)) from None
+        dtype, models = resolve_precision(device, settings.precision)[0], model_fingerprint(settings)
+    return {"models": models, "device": device.type, "dtype": str(dtype),
+            "sigma": settings.sigma, "denoiser_strength": settings.denoiser_strength,
+            "max_decoder_steps": settings.max_decoder_steps,
+            "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
+            "sample_rate": settings.sample_rate, "sample_format": settings.sample_format,
+            "frames_per_symbol": frames_per_symbol}
+
+
 @dataclass
 class _Pending:
+    """A line to synthesize: its pieces (one unless cut) and their results."""
     utterance: Utterance
-    ids: list[int]
     normalized: str
-    seed: int
+    pieces: list[list[int]]       # symbol ids of each piece
+    seeds: list[int]              # each piece's seed
+    key: str = ""
+    results: list = field(default_factory=list)   # per piece: Result, Exception or None
+
+    @property
+    def complete(self) -> bool:
+        return all(r is not None for r in self.results)
 
 
 def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice=print,
                       engine: Engine | None = None,
                       frames_per_symbol: float | None = None) -> RunSummary:
-    """Synthesize every line of ``corpus`` into ``out_dir``. Problems with single
-    lines become manifest rows; problems with the whole run raise FatalError.
+    """Synthesize every line of ``corpus`` into ``out_dir``, reusing the WAVs an
+    earlier run left there when their resume key matches. Problems with single
+    lines become manifest rows; problems with the whole run raise FatalError;
+    SIGINT/SIGTERM raise Interrupted once the manifest is saved.
 
     The benchmark passes its own ``engine`` (random full-size weights) and
     ``frames_per_symbol``, which fixes each line's decode length instead of the
@@ -132,124 +208,373 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
     except CorpusError as e:
         raise FatalError(str(e)) from None
     manifest_path = out_dir / MANIFEST_NAME
-    if manifest_path.exists() and not settings.force:
-        raise FatalError(f"{out_dir} already holds {MANIFEST_NAME}; pass --force to overwrite "
-                         f"it, or choose another output directory")
-    seed = settings.seed if settings.seed is not None else secrets.randbelow(2 ** 31)
-    notices: list[str] = []
-    started = time.perf_counter()
-    engine = engine or make_engine(settings, notices)
-    for notice in notices:
-        on_notice(notice)
-    load_seconds = time.perf_counter() - started
+    previous = {} if settings.force else _previous_rows(manifest_path)
+    seed, seed_source = _run_seed(settings, previous)
     rows: dict[int, ManifestRow] = {}
-    pending = [p for p in (_prepare(u, seed, rows) for u in utterances) if p is not None]
-    started = time.perf_counter()
-    writer = _Writer(settings, out_dir, engine.hop_length, seed)
-    try:
-        _run_batches(engine, pending, settings, writer, rows, frames_per_symbol)
-    finally:
-        for p in pending:
-            if p.utterance.line not in rows:
-                rows[p.utterance.line] = _row(p.utterance, p.normalized, "error",
-                                              "not synthesized: the run stopped first", seed)
-        ordered = [rows[u.line] for u in utterances]
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_manifest(manifest_path, ordered)
-    wall = time.perf_counter() - started
+    pending = [p for p in (prepare_line(u, seed, rows, settings) for u in utterances) if p is not None]
+    identity = audio_identity(settings, engine, frames_per_symbol)
+    for p in pending:
+        p.key = _line_key(p, seed, identity, settings)
+    pending = [p for p in pending if not _reuse(p, previous.get(p.utterance.id), out_dir, settings, rows)]
+    reused_rows = [row for row in rows.values() if row.key is not None]
+    checkpoint = _Checkpoint(manifest_path, utterances, rows, seed)
+    notices: list[str] = []
+    stop = threading.Event()
+    with _StopOnSignals(stop) as signals:
+        started = time.perf_counter()
+        _prepare_output(out_dir, settings)   # an unwritable directory fails before loading models
+        if pending:
+            engine = engine or make_engine(settings, notices)
+        for notice in notices:
+            on_notice(notice)
+        load_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        try:
+            checkpoint.save()   # before any WAV is replaced: old rows must not vouch for new files
+            if pending:
+                _run_batches(engine, pending, settings, _Writer(settings, out_dir, seed),
+                             checkpoint, frames_per_symbol, stop)
+        finally:
+            checkpoint.save(final=True)
+    ordered = checkpoint.ordered()
     totals = summarize(ordered)
-    return RunSummary(rows=ordered, counts=totals["counts"], audio_seconds=totals["audio_seconds"],
-                      clipped_samples=totals["clipped_samples"], wall_seconds=wall,
-                      load_seconds=load_seconds, seed=seed, notices=notices)
+    summary = RunSummary(rows=ordered, counts=totals["counts"], audio_seconds=totals["audio_seconds"],
+                         clipped_samples=totals["clipped_samples"],
+                         wall_seconds=time.perf_counter() - started, load_seconds=load_seconds,
+                         seed=seed, notices=notices, reused=len(reused_rows), seed_source=seed_source,
+                         reused_seconds=sum(row.duration for row in reused_rows))
+    if signals.received is not None:
+        raise Interrupted(signals.received, summary)
+    return summary
 
 
-def _prepare(u: Utterance, run_seed: int, rows: dict[int, ManifestRow]) -> _Pending | None:
-    """Normalizes one line; lines that cannot be synthesized get their row now."""
+def _previous_rows(manifest_path: Path) -> dict[str, dict]:
+    """The rows an earlier run left, by id; none when there is no manifest."""
+    if not manifest_path.exists():
+        return {}
+    try:
+        return {row["id"]: row for row in read_manifest(manifest_path)}
+    except (ValueError, OSError) as e:
+        raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
+
+
+def _run_seed(settings: Settings, previous: dict[str, dict]) -> tuple[int, str]:
+    """--seed; else the seed the existing manifest recorded, so that a plain
+    re-run continues the same job; else a fresh random one."""
+    if settings.seed is not None:
+        return settings.seed, "given"
+    recorded = [row["seed"] for row in previous.values() if isinstance(row.get("seed"), int)]
+    if recorded:
+        return recorded[0], "from the existing manifest"
+    return secrets.randbelow(2 ** 31), "random"
+
+
+def _line_key(p: _Pending, run_seed: int, identity: dict, settings: Settings) -> str:
+    """Stable hash of everything that decides the line's audio. The pieces'
+    ids cover the text and how it was cut; the pause matters only between pieces."""
+    record = {"pieces": p.pieces, "seed": run_seed, "id": p.utterance.id, **identity}
+    if len(p.pieces) > 1:
+        record["piece_pause"] = settings.piece_pause
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _reuse(p: _Pending, old: dict | None, out_dir: Path, settings: Settings,
+           rows: dict[int, ManifestRow]) -> bool:
+    """Keep the earlier run's row and WAV when the key matches and the file is
+    whole: present, at the recorded length and rate."""
+    if old is None or old.get("key") != p.key or old["status"] not in REUSABLE:
+        return False
+    wav = f"wavs/{p.utterance.id}.wav"
+    mel = old.get("mel_filepath") if settings.save_mels else None
+    if old["audio_filepath"] != wav or (settings.save_mels and not (mel and (out_dir / mel).is_file())):
+        return False
+    try:
+        info = sf.info(str(out_dir / wav))
+    except (RuntimeError, OSError):   # missing or unreadable: make it again
+        return False
+    if info.frames != old["num_samples"] or info.samplerate != settings.sample_rate:
+        return False
+    known = {f.name for f in dataclasses.fields(ManifestRow)}
+    row = ManifestRow(**{k: v for k, v in old.items() if k in known})
+    u = p.utterance
+    rows[u.line] = dataclasses.replace(row, line=u.line, text=u.text, mel_filepath=mel)
+    return True
+
+
+def _prepare_output(out_dir: Path, settings: Settings) -> None:
+    try:
+        (out_dir / "wavs").mkdir(parents=True, exist_ok=True)
+        if settings.save_mels:
+            (out_dir / "mels").mkdir(parents=True, exist_ok=True)
+        for folder in (out_dir, out_dir / "wavs", out_dir / "mels"):
+            _remove_stale_temp_files(folder)
+    except OSError as e:
+        raise OutputError(_output_problem(out_dir, e)) from None
+
+
+# audio.atomic_write's temporary names: ".<final name>.<pid>.tmp".
+_TEMP_NAME = re.compile(r"\..+\.(\d+)\.tmp")
+
+
+def _remove_stale_temp_files(folder: Path) -> None:
+    """Delete the temporary files a killed run left behind (its pid is gone);
+    those of a live process, which may still be writing, are left alone."""
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        match = _TEMP_NAME.fullmatch(path.name)
+        if match and not _alive(int(match[1])):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid < 2 ** 31   # someone else's live process, or no valid pid at all
+    return True
+
+
+def _output_problem(where: Path, e: OSError) -> str:
+    return (f"cannot write {e.filename or where}: {e.strerror or e}; free disk space or fix "
+            f"the permissions, then run the same command again to finish")
+
+
+class _Checkpoint:
+    """The manifest as it stands: rows done so far (and an earlier run's kept
+    ones), the rest marked as not synthesized yet. Rewritten atomically, so
+    the file on disk is always a whole manifest, one row per corpus line."""
+
+    def __init__(self, path: Path, utterances: list[Utterance], rows: dict[int, ManifestRow],
+                 seed: int):
+        self.path, self.utterances, self.rows, self.seed = path, utterances, rows, seed
+        self.saved_at = 0.0
+        self.pending_normalized: dict[int, str] = {}
+
+    def ordered(self) -> list[ManifestRow]:
+        return [self.rows.get(u.line) or _row(u, self.pending_normalized.get(u.line, ""), "error",
+                                              "not synthesized: the run stopped first; run the "
+                                              "same command again to finish", self.seed)
+                for u in self.utterances]
+
+    def save(self, final: bool = False) -> None:
+        """Write the manifest; unless ``final``, only if the last write is old enough."""
+        now = time.monotonic()
+        if not final and now - self.saved_at < CHECKPOINT_SECONDS and self.saved_at:
+            return
+        try:
+            write_manifest(self.path, self.ordered())
+        except OSError as e:
+            raise OutputError(_output_problem(self.path.parent, e)) from None
+        self.saved_at = now
+
+
+class _StopOnSignals:
+    """SIGINT/SIGTERM set ``stop`` instead of killing the run: no new batch
+    starts, the ones in flight are written, the manifest is saved. A second
+    signal stops at once (KeyboardInterrupt; files are atomic either way).
+    Handlers can only be installed from the main thread; elsewhere (a library
+    caller's worker) nothing changes."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, stop: threading.Event):
+        self.stop, self.received, self.previous = stop, None, {}
+
+    def _handle(self, signum, frame):
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+        self.received = signum
+        self.stop.set()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        return False
+
+
+def prepare_line(u: Utterance, run_seed: int, rows: dict[int, ManifestRow],
+             settings: Settings) -> _Pending | None:
+    """Normalizes (and if long, cuts) one line; lines that cannot be
+    synthesized get their row now."""
     if u.problem is not None:
         status = "skipped" if u.problem in NOTHING_TO_SAY else "error"
         rows[u.line] = _row(u, "", status, u.problem, None)
         return None
     try:
         ids, normalized = frontend.normalize(u.text)
+        pieces = _pieces(u.text, ids, settings.max_symbols_per_piece)
     except frontend.UnsupportedTextError as e:
         rows[u.line] = _row(u, "", "error", str(e), None)
         return None
-    if not frontend.is_speakable(ids):
+    if not pieces:
         rows[u.line] = _row(u, normalized, "skipped", "nothing speakable after cleaning", None)
         return None
-    return _Pending(u, ids, normalized, line_seed(run_seed, u.id))
+    seed = line_seed(run_seed, u.id)
+    # Ids never contain "/", so a piece's name cannot be another line's id.
+    seeds = [seed] if len(pieces) == 1 else [line_seed(run_seed, f"{u.id}/{i}") for i in range(len(pieces))]
+    return _Pending(u, normalized, pieces, seeds, results=[None] * len(pieces))
+
+
+def _pieces(text: str, ids: list[int], max_symbols: int) -> list[list[int]]:
+    """The ids of each piece to synthesize; pieces with nothing to say (a lone
+    "...") are dropped, since the model would only babble."""
+    if not max_symbols or len(ids) <= max_symbols:
+        return [ids] if frontend.is_speakable(ids) else []
+    cut = split_text(text, max_symbols, lambda piece: len(frontend.normalize(piece)[0]))
+    pieces = [frontend.normalize(piece)[0] for piece in cut]
+    return [p for p in pieces if frontend.is_speakable(p)]
 
 
 def _row(u: Utterance, normalized: str, status: str, reason: str | None,
          seed: int | None) -> ManifestRow:
     return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=normalized,
                        audio_filepath=None, duration=0.0, num_samples=0, mel_frames=0,
-                       status=status, reason=reason, seed=seed)
+                       status=status, reason=reason, seed=seed, pieces=0)
 
 
 def _run_batches(engine: Engine, pending: list[_Pending], settings: Settings, writer: "_Writer",
-                 rows: dict[int, ManifestRow], frames_per_symbol: float | None) -> None:
-    """The GPU runs batches on its own thread; WAVs are encoded and written by
-    a small pool meanwhile; rows are filled in as files land."""
-    batches = [[pending[i] for i in batch]
-               for batch in length_sorted_batches([len(p.ids) for p in pending], settings.batch_size)]
-    jobs = ([_job(p, frames_per_symbol, settings) for p in items] for items in batches)
-    started = time.perf_counter()
-    audio_seconds = 0.0
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, \
-            tqdm(total=len(pending), unit="line", disable=settings.quiet, dynamic_ncols=True) as bar:
-        for items, results in zip(batches, engine.synthesize_all(jobs)):
-            if isinstance(results, Exception):
-                reason = f"synthesis failed: {_first_line(results)}"
-                for p in items:
-                    rows[p.utterance.line] = _row(p.utterance, p.normalized, "error", reason,
-                                                  writer.run_seed)
-                bar.update(len(items))
+                 checkpoint: _Checkpoint, frames_per_symbol: float | None,
+                 stop: threading.Event) -> None:
+    """The GPU runs batches of pieces on its own threads; a line's WAV is
+    written by a small pool once all its pieces are back; the manifest is
+    saved as rows come in. A write that fails for lack of space or
+    permission stops the run (after draining what is in flight)."""
+    for p in pending:
+        checkpoint.pending_normalized[p.utterance.line] = p.normalized
+    work = [(p, i) for p in pending for i in range(len(p.pieces))]
+    batches = [[work[i] for i in batch]
+               for batch in length_sorted_batches([len(p.pieces[i]) for p, i in work], settings.batch_size)]
+    owner: dict[int, tuple[_Pending, int]] = {}
+    job_batches = []
+    for batch in batches:
+        jobs = [_job(p.pieces[i], p.seeds[i], frames_per_symbol, settings) for p, i in batch]
+        owner.update((id(job), item) for job, item in zip(jobs, batch))
+        job_batches.append(jobs)
+    failure: OSError | None = None
+    progress = _Progress(len(pending), settings.quiet)
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, progress:
+        for jobs, results in engine.synthesize_all(job_batches, stop=stop):
+            if failure is not None:
+                continue   # draining the batches in flight after a failed write
+            done = _collect(jobs, results, owner)
+            for p, future in [(p, pool.submit(writer.write, p)) for p in done]:
+                try:
+                    checkpoint.rows[p.utterance.line] = future.result()
+                except OSError as e:
+                    failure = failure or e
+            progress.update(len(done), sum(checkpoint.rows[p.utterance.line].duration for p in done
+                                           if p.utterance.line in checkpoint.rows))
+            if failure is not None:
+                stop.set()
                 continue
-            for p, row in zip(items, pool.map(writer.write, items, results)):
-                rows[p.utterance.line] = row
-                audio_seconds += row.duration
-            bar.update(len(items))
-            elapsed = time.perf_counter() - started
-            bar.set_postfix(audio=f"{audio_seconds:.0f}s", speed=f"{audio_seconds / elapsed:.1f}x")
+            checkpoint.save()
+    if failure is not None:
+        checkpoint.save(final=True)
+        raise OutputError(_output_problem(writer.out_dir, failure))
 
 
-def _first_line(e: Exception) -> str:
+def _collect(jobs: list[Job], results: list[Result] | Exception,
+             owner: dict[int, tuple[_Pending, int]]) -> list[_Pending]:
+    """Hand each piece's result to its line; the lines now complete."""
+    done = []
+    for n, job in enumerate(jobs):
+        p, i = owner[id(job)]
+        p.results[i] = results if isinstance(results, Exception) else results[n]
+        if p.complete and p not in done:
+            done.append(p)
+    return done
+
+
+class _Progress:
+    """The progress bar: lines, audio seconds, speed."""
+
+    def __init__(self, total: int, quiet: bool):
+        self.bar = tqdm(total=total, unit="line", disable=quiet, dynamic_ncols=True)
+        self.started, self.audio_seconds = time.perf_counter(), 0.0
+
+    def update(self, lines: int, audio_seconds: float) -> None:
+        self.audio_seconds += audio_seconds
+        self.bar.update(lines)
+        elapsed = time.perf_counter() - self.started
+        self.bar.set_postfix(audio=f"{self.audio_seconds:.0f}s",
+                             speed=f"{self.audio_seconds / max(elapsed, 1e-9):.1f}x")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.close()
+        return False
+
+
+def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
-def _job(p: _Pending, frames_per_symbol: float | None, settings: Settings) -> Job:
+def _job(ids: list[int], seed: int, frames_per_symbol: float | None, settings: Settings) -> Job:
     if frames_per_symbol is None:
-        return Job(p.ids, p.seed)
-    frames = min(round(frames_per_symbol * len(p.ids)), settings.max_decoder_steps)
-    return Job(p.ids, p.seed, frames=max(frames, 1))
+        return Job(ids, seed)
+    frames = min(round(frames_per_symbol * len(ids)), settings.max_decoder_steps)
+    return Job(ids, seed, frames=max(frames, 1))
 
 
 class _Writer:
-    """Writes one line's files and makes its manifest row."""
+    """Joins one line's pieces, writes its files and makes its manifest row."""
 
-    def __init__(self, settings: Settings, out_dir: Path, hop_length: int, run_seed: int):
-        self.settings, self.out_dir, self.hop_length, self.run_seed = settings, out_dir, hop_length, run_seed
-        (out_dir / "wavs").mkdir(parents=True, exist_ok=True)
-        if settings.save_mels:
-            (out_dir / "mels").mkdir(parents=True, exist_ok=True)
+    def __init__(self, settings: Settings, out_dir: Path, run_seed: int):
+        self.settings, self.out_dir, self.run_seed = settings, out_dir, run_seed
 
-    def write(self, p: _Pending, result: Result) -> ManifestRow:
-        u = p.utterance
-        if not np.isfinite(result.audio).all():
+    def write(self, p: _Pending) -> ManifestRow:
+        u, s = p.utterance, self.settings
+        failed = [r for r in p.results if isinstance(r, Exception)]
+        if failed:
+            return _row(u, p.normalized, "error", _failure_reason(failed[0]), self.run_seed)
+        audio = self._joined([r.audio for r in p.results])
+        if not np.isfinite(audio).all():
             return _row(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed)
         wav = f"wavs/{u.id}.wav"
-        clipped = write_wav(self.out_dir / wav, result.audio, self.settings.sample_rate,
-                            self.settings.sample_format)
+        clipped = write_wav(self.out_dir / wav, audio, s.sample_rate, s.sample_format)
         mel = None
-        if self.settings.save_mels:
+        if s.save_mels:
             mel = f"mels/{u.id}.npy"
-            write_mel(self.out_dir / mel, result.mel)
-        status, reason = ("truncated", f"reached max_decoder_steps ({self.settings.max_decoder_steps}) "
-                          "without the stop gate firing") if result.truncated else ("ok", None)
-        samples = int(result.audio.shape[0])
+            write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))
+        status, reason = _truncation(p.results, s.max_decoder_steps)
         return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=p.normalized,
-                           audio_filepath=wav, duration=samples / self.settings.sample_rate,
-                           num_samples=samples, mel_frames=result.frames, status=status,
+                           audio_filepath=wav, duration=audio.shape[0] / s.sample_rate,
+                           num_samples=int(audio.shape[0]),
+                           mel_frames=sum(r.frames for r in p.results), status=status,
                            reason=reason, clipped_samples=clipped, seed=self.run_seed,
-                           mel_filepath=mel)
+                           mel_filepath=mel, pieces=len(p.results), key=p.key)
+
+    def _joined(self, pieces: list[np.ndarray]) -> np.ndarray:
+        """The pieces' audio with ``piece_pause`` seconds of silence between them."""
+        if len(pieces) == 1:
+            return pieces[0]
+        pause = np.zeros(round(self.settings.piece_pause * self.settings.sample_rate), np.float32)
+        joined = [pieces[0]]
+        for piece in pieces[1:]:
+            joined += [pause, piece]
+        return np.concatenate(joined)
+
+
+def _failure_reason(e: Exception) -> str:
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return f"out of GPU memory even in a batch of one: {_first_line(e)}"
+    return f"synthesis failed: {_first_line(e)}"
+
+
+def _truncation(results: list[Result], max_steps: int) -> tuple[str, str | None]:
+    cut = [n for n, r in enumerate(results, start=1) if r.truncated]
+    if not cut:
+        return "ok", None
+    where = f" (piece {', '.join(map(str, cut))} of {len(results)})" if len(results) > 1 else ""
+    return "truncated", f"reached max_decoder_steps ({max_steps}) without the stop gate firing{where}"

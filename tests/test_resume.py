@@ -1,0 +1,235 @@
+"""Never lose a line, in process: resume, out-of-memory retries, full disks,
+long lines. (Killing a real process: test_crash.py.)"""
+import errno
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from click.testing import CliRunner
+
+from tts_cli.cli import main
+from tts_cli.engine import Engine
+from tiny_models import HOP
+
+LINES = [
+    "Printing, in the only sense with which we are at present concerned.",
+    "It cost $3.50 in 1963.",
+    "A much longer line, which goes on and on, so that it lands in another batch.",
+    "Hi.",
+    "...!?",
+    "The last line of the first corpus.",
+]
+
+
+def synth(corpus, out, checkpoints, *extra, seed=("--seed", "1")):
+    tacotron2, waveglow = checkpoints
+    args = [str(corpus), "-o", str(out), "--tacotron2", str(tacotron2), "--waveglow", str(waveglow),
+            "--device", "cpu", "--max-decoder-steps", "12", "--batch-size", "2",
+            "--sample-format", "float32", *seed, *extra]
+    return CliRunner().invoke(main, args)
+
+
+def manifest(out):
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+def write(tmp_path, lines, name="corpus.txt"):
+    path = tmp_path / name
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def assert_same_output(out, reference):
+    """Same manifest rows and the same audio (to float32 rounding)."""
+    assert manifest(out) == manifest(reference)
+    for row in manifest(reference):
+        if row["audio_filepath"]:
+            mine = sf.read(out / row["audio_filepath"], dtype="float32")[0]
+            theirs = sf.read(reference / row["audio_filepath"], dtype="float32")[0]
+            np.testing.assert_allclose(mine, theirs, atol=1e-6)
+
+
+def mtimes(out):
+    return {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()}
+
+
+def leftovers(out):
+    return [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+# --- resume ------------------------------------------------------------------------------------
+
+def test_a_rerun_synthesizes_only_added_lines_and_ends_as_one_run_would(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    assert synth(write(tmp_path, LINES[:4]), out, tiny_checkpoints).exit_code == 0
+    before = mtimes(out)
+    result = synth(write(tmp_path, LINES), out, tiny_checkpoints)
+    assert result.exit_code == 0, result.output
+    assert "4 reused" in result.output
+    after = mtimes(out)
+    assert all(after[name] == stamp for name, stamp in before.items()), "a finished WAV was redone"
+    assert set(after) - set(before) == {"000006.wav"}
+    reference = tmp_path / "reference"
+    assert synth(tmp_path / "corpus.txt", reference, tiny_checkpoints).exit_code == 0
+    assert_same_output(out, reference)
+
+
+def test_nothing_left_to_do_loads_no_model(tmp_path, tiny_checkpoints, monkeypatch):
+    out = tmp_path / "out"
+    corpus = write(tmp_path, LINES)
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+    monkeypatch.setattr("tts_cli.pipeline.make_engine", lambda *a: pytest.fail("models loaded"))
+    result = synth(corpus, out, tiny_checkpoints)
+    assert result.exit_code == 0 and "5 reused" in result.output
+
+
+def test_changed_settings_force_and_damaged_wavs_are_redone(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    corpus = write(tmp_path, LINES)
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+    assert "0 reused" in synth(corpus, out, tiny_checkpoints, "--sigma", "0.5").output
+    assert "5 reused" in synth(corpus, out, tiny_checkpoints, "--sigma", "0.5").output
+    assert "0 reused" in synth(corpus, out, tiny_checkpoints, "--sigma", "0.5", "--force").output
+    wav = out / "wavs" / "000002.wav"
+    wav.write_bytes(wav.read_bytes()[:100])          # cut short by hand
+    (out / "wavs" / "000003.wav").unlink()
+    result = synth(corpus, out, tiny_checkpoints, "--sigma", "0.5")
+    assert "3 reused" in result.output
+    assert sf.info(str(wav)).frames == manifest(out)[1]["num_samples"] > 0
+
+
+def test_a_rerun_removes_the_temporary_files_of_a_killed_run(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    corpus = write(tmp_path, LINES[:2])
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+    dead = 2 ** 22 + 12345      # above Linux's pid_max: no such process
+    stale = [out / "wavs" / f".000001.wav.{dead}.tmp", out / f".manifest.jsonl.{dead}.tmp"]
+    for path in stale:
+        path.write_bytes(b"RIFF")
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+    assert leftovers(out) == []
+
+
+def test_a_plain_rerun_keeps_the_recorded_random_seed(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    corpus = write(tmp_path, LINES)
+    assert synth(corpus, out, tiny_checkpoints, seed=()).exit_code == 0
+    seed = manifest(out)[0]["seed"]
+    result = synth(corpus, out, tiny_checkpoints, seed=())
+    assert "5 reused" in result.output and f"seed {seed} (from the existing manifest)" in result.output
+    assert "0 reused" in synth(corpus, out, tiny_checkpoints, seed=("--seed", str(seed + 1))).output
+
+
+def test_a_damaged_manifest_is_one_line_naming_it(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    corpus = write(tmp_path, LINES[:2])
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+    (out / "manifest.jsonl").write_text('{"id": "000001", "li')
+    result = synth(corpus, out, tiny_checkpoints)
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "manifest.jsonl:1" in result.output and "--force" in result.output
+
+
+# --- out of GPU memory -------------------------------------------------------------------------
+
+def fail_when(monkeypatch, method, too_big):
+    """Make an engine stage raise CUDA's out-of-memory error for some batches."""
+    original = getattr(Engine, method)
+
+    def patched(self, jobs, *args):
+        if too_big(jobs):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(self, jobs, *args)
+    monkeypatch.setattr(Engine, method, patched)
+
+
+@pytest.mark.parametrize("method", ["decode_only", "_vocode_and_finish"])
+def test_out_of_memory_splits_the_batch_and_the_audio_is_unchanged(tmp_path, tiny_checkpoints,
+                                                                    monkeypatch, method):
+    corpus = write(tmp_path, LINES)
+    assert synth(corpus, tmp_path / "reference", tiny_checkpoints, "--batch-size", "4").exit_code == 0
+    fail_when(monkeypatch, method, lambda jobs: len(jobs) > 1)
+    result = synth(corpus, tmp_path / "out", tiny_checkpoints, "--batch-size", "4")
+    assert result.exit_code == 0, result.output
+    assert_same_output(tmp_path / "out", tmp_path / "reference")
+
+
+def test_only_a_line_that_fails_alone_is_an_error(tmp_path, tiny_checkpoints, monkeypatch):
+    corpus = write(tmp_path, LINES)
+    from tts_cli.text import normalize
+    doomed = normalize(LINES[2])[0]
+    fail_when(monkeypatch, "_vocode_and_finish", lambda jobs: any(j.ids == doomed for j in jobs))
+    result = synth(corpus, tmp_path / "out", tiny_checkpoints, "--batch-size", "4")
+    assert result.exit_code == 1
+    rows = manifest(tmp_path / "out")
+    assert rows[2]["status"] == "error" and "out of GPU memory" in rows[2]["reason"]
+    assert [r["status"] for i, r in enumerate(rows) if i not in (2, 4)] == ["ok"] * 4
+    monkeypatch.undo()
+    again = synth(corpus, tmp_path / "out", tiny_checkpoints, "--batch-size", "4")
+    assert again.exit_code == 0 and "4 reused" in again.output
+
+
+# --- disk and permissions ----------------------------------------------------------------------
+
+def test_a_full_disk_saves_what_was_written_and_leaves_no_partial_file(tmp_path, tiny_checkpoints,
+                                                                       monkeypatch):
+    corpus = write(tmp_path, LINES)
+    out = tmp_path / "out"
+    written = []
+    real_write = sf.write
+
+    def fill_up(path, data, *args, **kwargs):
+        if len(written) == 2:   # the third WAV: a partial file, then the disk is full
+            open(path, "wb").write(b"RIFF\0\0")
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        written.append(path)
+        real_write(path, data, *args, **kwargs)
+    monkeypatch.setattr(sf, "write", fill_up)
+    result = synth(corpus, out, tiny_checkpoints, "--batch-size", "1", "--quiet")
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "No space left on device" in result.output
+    assert "run the same command again" in result.output
+    assert leftovers(out) == []
+    rows = manifest(out)
+    done = [r for r in rows if r["status"] == "ok"]
+    assert len(done) == 2 and all(sf.info(str(out / r["audio_filepath"])).frames == r["num_samples"]
+                                  for r in done)
+    assert sorted(p.name for p in (out / "wavs").iterdir()) == sorted(r["id"] + ".wav" for r in done)
+    monkeypatch.undo()
+    again = synth(corpus, out, tiny_checkpoints, "--batch-size", "1")
+    assert again.exit_code == 0 and "2 reused" in again.output
+
+
+def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path, tiny_checkpoints):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = synth(write(tmp_path, LINES[:2]), blocker / "out", tiny_checkpoints, "--quiet")
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "cannot write" in result.output and "a-file" in result.output
+
+
+# --- long lines --------------------------------------------------------------------------------
+
+LONG = ("The first sentence is here, and it is not short at all. The second one follows it; "
+        "it has clauses too. Then a third sentence closes the line.")
+
+
+def test_a_long_line_is_cut_and_joined_with_pauses_into_one_wav(tmp_path, tiny_checkpoints):
+    corpus = write(tmp_path, [LONG, "Short."])
+    result = synth(corpus, tmp_path / "cut", tiny_checkpoints, "--max-symbols-per-piece", "60",
+                   "--piece-pause", "0.1")
+    assert result.exit_code == 0, result.output
+    long_row, short_row = manifest(tmp_path / "cut")
+    assert long_row["pieces"] == 3 and short_row["pieces"] == 1
+    pause = round(0.1 * 22050)
+    assert long_row["num_samples"] == long_row["mel_frames"] * HOP + 2 * pause
+    audio = sf.read(tmp_path / "cut" / long_row["audio_filepath"], dtype="float32")[0]
+    assert len(audio) == long_row["num_samples"]
+    whole = synth(corpus, tmp_path / "whole", tiny_checkpoints, "--max-symbols-per-piece", "0")
+    assert whole.exit_code == 0 and manifest(tmp_path / "whole")[0]["pieces"] == 1
+    # Changing the limit changes the long line's key only.
+    again = synth(corpus, tmp_path / "cut", tiny_checkpoints, "--max-symbols-per-piece", "110",
+                  "--piece-pause", "0.1")
+    assert "1 reused" in again.output and manifest(tmp_path / "cut")[0]["pieces"] == 2
