@@ -16,6 +16,17 @@ def tiny_checkpoints(tmp_path_factory):
     return tacotron2, waveglow
 
 
+@pytest.fixture(scope="session")
+def never_stopping_checkpoints(tmp_path_factory):
+    """(tacotron2 path, waveglow path) of a Tacotron2 whose stop gate never
+    fires: every line decodes up to --max-decoder-steps and is truncated."""
+    folder = tmp_path_factory.mktemp("never-stopping")
+    tacotron2, waveglow = folder / "tacotron2.pt", folder / "waveglow.pt"
+    write_nvidia_tacotron2(tacotron2, canonical(tiny_tacotron2(seed=5, gate_bias=-10.0)))
+    write_pickled_waveglow(waveglow, canonical(tiny_waveglow(seed=5)))
+    return tacotron2, waveglow
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
     if torch.cuda.is_available():

@@ -14,8 +14,7 @@ import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
-from checkpoint_files import write_nvidia_tacotron2, write_pickled_waveglow
-from tiny_models import HOP, canonical, tiny_tacotron2, tiny_waveglow
+from tiny_models import HOP
 from tts_cli.cli import main
 from tts_cli.manifest import read_manifest
 
@@ -24,16 +23,12 @@ LINES = 24
 
 
 @pytest.fixture(scope="module")
-def slow_checkpoints(tmp_path_factory):
-    """A Tacotron2 whose stop gate never fires: every line decodes STEPS
-    frames, so a run lasts long enough to be killed in the middle."""
-    folder = tmp_path_factory.mktemp("slow")
-    tacotron2, waveglow = folder / "tacotron2.pt", folder / "waveglow.pt"
-    write_nvidia_tacotron2(tacotron2, canonical(tiny_tacotron2(seed=5, gate_bias=-10.0)))
-    write_pickled_waveglow(waveglow, canonical(tiny_waveglow(seed=5)))
-    corpus = folder / "corpus.txt"
+def slow_checkpoints(never_stopping_checkpoints, tmp_path_factory):
+    """Corpus and checkpoints for a run that lasts long enough to be killed
+    in the middle: every line decodes STEPS frames."""
+    corpus = tmp_path_factory.mktemp("slow") / "corpus.txt"
     corpus.write_text("".join(f"Sentence number {i} of the corpus, spoken slowly.\n" for i in range(LINES)))
-    return corpus, tacotron2, waveglow
+    return (corpus, *never_stopping_checkpoints)
 
 
 def arguments(setup, out):

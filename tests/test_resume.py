@@ -233,3 +233,14 @@ def test_a_long_line_is_cut_and_joined_with_pauses_into_one_wav(tmp_path, tiny_c
     again = synth(corpus, tmp_path / "cut", tiny_checkpoints, "--max-symbols-per-piece", "110",
                   "--piece-pause", "0.1")
     assert "1 reused" in again.output and manifest(tmp_path / "cut")[0]["pieces"] == 2
+
+
+def test_a_cut_line_that_hits_the_step_limit_is_kept_as_truncated_naming_the_pieces(
+        tmp_path, never_stopping_checkpoints):
+    result = synth(write(tmp_path, [LONG]), tmp_path / "out", never_stopping_checkpoints,
+                   "--max-symbols-per-piece", "60")
+    assert result.exit_code == 0, result.output
+    (row,) = manifest(tmp_path / "out")
+    assert row["status"] == "truncated" and row["pieces"] == 3
+    assert "max_decoder_steps (12)" in row["reason"] and "piece 1, 2, 3 of 3" in row["reason"]
+    assert sf.info(str(tmp_path / "out" / row["audio_filepath"])).frames == row["num_samples"]

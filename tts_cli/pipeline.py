@@ -177,7 +177,7 @@ def audio_identity(settings: Settings, engine: Engine | None,
             "frames_per_symbol": frames_per_symbol}
 
 
-@dataclass
+@dataclass(eq=False)   # identity: two lines are never "equal"
 class _Pending:
     """A line to synthesize: its pieces (one unless cut) and their results."""
     utterance: Utterance
@@ -223,7 +223,7 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
     with _StopOnSignals(stop) as signals:
         started = time.perf_counter()
         _prepare_output(out_dir, settings)   # an unwritable directory fails before loading models
-        if pending:
+        if pending and not stop.is_set():   # a signal during the checks: no need to load
             engine = engine or make_engine(settings, notices)
         for notice in notices:
             on_notice(notice)
@@ -231,7 +231,7 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
         started = time.perf_counter()
         try:
             checkpoint.save()   # before any WAV is replaced: old rows must not vouch for new files
-            if pending:
+            if pending and not stop.is_set():
                 _run_batches(engine, pending, settings, _Writer(settings, out_dir, seed),
                              checkpoint, frames_per_symbol, stop)
         finally:
