@@ -210,12 +210,9 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
     manifest_path = out_dir / MANIFEST_NAME
     previous = {} if settings.force else _previous_rows(manifest_path)
     seed, seed_source = _run_seed(settings, previous)
-    rows: dict[int, ManifestRow] = {}
-    pending = [p for p in (prepare_line(u, seed, rows, settings) for u in utterances) if p is not None]
     identity = audio_identity(settings, engine, frames_per_symbol)
-    for p in pending:
-        p.key = _line_key(p, seed, identity, settings)
-    pending = [p for p in pending if not _reuse(p, previous.get(p.utterance.id), out_dir, settings, rows)]
+    rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
+    # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
     checkpoint = _Checkpoint(manifest_path, utterances, rows, seed)
     notices: list[str] = []
@@ -246,6 +243,17 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
     if signals.received is not None:
         raise Interrupted(signals.received, summary)
     return summary
+
+
+def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: dict,
+          previous: dict[str, dict], out_dir: Path) -> tuple[dict[int, ManifestRow], list[_Pending]]:
+    """Rows known before synthesis (lines with nothing to say, lines an
+    earlier run finished) and the lines left to synthesize."""
+    rows: dict[int, ManifestRow] = {}
+    pending = [p for p in (prepare_line(u, seed, rows, settings) for u in utterances) if p is not None]
+    for p in pending:
+        p.key = _line_key(p, seed, identity, settings)
+    return rows, [p for p in pending if not _reuse(p, previous.get(p.utterance.id), out_dir, settings, rows)]
 
 
 def _previous_rows(manifest_path: Path) -> dict[str, dict]:
