@@ -202,6 +202,28 @@ def test_a_full_disk_saves_what_was_written_and_leaves_no_partial_file(tmp_path,
     assert again.exit_code == 0 and "2 reused" in again.output
 
 
+def test_a_manifest_that_cannot_be_saved_keeps_the_last_one_and_says_so(tmp_path, tiny_checkpoints,
+                                                                          monkeypatch):
+    from tts_cli import pipeline
+    corpus = write(tmp_path, LINES)
+    out = tmp_path / "out"
+    saves = []
+
+    def full_after_first(path, rows):
+        if saves:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        saves.append(path)
+        real_write_manifest(path, rows)
+    real_write_manifest = pipeline.write_manifest
+    monkeypatch.setattr(pipeline, "write_manifest", full_after_first)
+    result = synth(corpus, out, tiny_checkpoints, "--quiet")
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "manifest.jsonl" in result.output and "No space left on device" in result.output
+    assert len(manifest(out)) == len(LINES) and leftovers(out) == []
+    monkeypatch.undo()
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+
+
 def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path, tiny_checkpoints):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
