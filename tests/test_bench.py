@@ -18,3 +18,11 @@ def test_the_table_has_every_measure():
     table = format_table(result)
     for name, _, _ in TABLE:
         assert name in table
+
+
+def test_gpu_busy_counts_overlapping_kernels_once_and_only_inside_the_window():
+    from tts_cli.bench import covered_fraction
+    # two streams overlapping on [2, 4], a kernel straddling the window's end, one outside
+    intervals = [(0, 4), (2, 6), (9, 12), (20, 30)]
+    assert covered_fraction(intervals, 0, 10) == pytest.approx(0.7)
+    assert covered_fraction([], 0, 10) == 0.0

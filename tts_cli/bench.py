@@ -111,11 +111,17 @@ def gpu_busy_fraction(run, device: torch.device, trim: float = 0.25) -> float:
     window = next(e for e in events if e.name == "bench.window").time_range
     span = window.end - window.start
     lo, hi = window.start + trim * span, window.end - trim * span
-    intervals = sorted((max(e.time_range.start, lo), min(e.time_range.end, hi)) for e in events
-                       if e.device_type == torch.autograd.DeviceType.CUDA
-                       and e.time_range.end > lo and e.time_range.start < hi)
-    busy, end = 0.0, float("-inf")
-    for s, e in intervals:
+    intervals = [(e.time_range.start, e.time_range.end) for e in events
+                 if e.device_type == torch.autograd.DeviceType.CUDA]
+    return covered_fraction(intervals, lo, hi)
+
+
+def covered_fraction(intervals, lo: float, hi: float) -> float:
+    """Fraction of [lo, hi] covered by the union of (start, end) intervals
+    (kernels on several streams overlap; overlapping time counts once)."""
+    clipped = sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi)
+    busy, end = 0.0, lo
+    for s, e in clipped:
         if e > end:
             busy += e - max(s, end)
             end = e
