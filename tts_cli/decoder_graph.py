@@ -7,6 +7,10 @@ static buffers and replayed; the stop test runs on the device inside the graph
 and the host reads the "all rows done" flag one replay late, through a pinned
 buffer, so it never stalls the queue. The computation is the eager
 ``tacotron2.decode`` step for step (same masks, same per-line dropout keys).
+
+Off CUDA the same static-buffer loop runs without capture, so the CPU tests
+check this module's bookkeeping (padding rows, stop flags, late reads) against
+the eager decoder.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tts_cli.tacotron2 import DecodeSettings, DecoderState, Tacotron2, prenet_keep_masks
+from tts_cli.tacotron2 import DecodeSettings, DecoderState, Tacotron2, masks_for_steps
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -29,7 +33,7 @@ def _batch_bucket(n: int) -> int:
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph | None   # None off CUDA: the steps run eagerly
     memory: Tensor            # (B, T, C)
     processed: Tensor         # (B, T, A)
     invalid: Tensor           # (B, T) bool
@@ -49,8 +53,11 @@ class GraphedDecoder:
         self.model, self.cfg = model, cfg
         self.k, self.memory_bucket = steps_per_graph, memory_bucket
         self.graphs: dict[tuple[int, int], _Graph] = {}
-        self.pool = torch.cuda.graph_pool_handle()
-        self.flag = torch.zeros((), dtype=torch.bool).pin_memory()
+        self.on_cuda = next(model.parameters()).is_cuda
+        self.pool = torch.cuda.graph_pool_handle() if self.on_cuda else None
+        self.flag = torch.zeros((), dtype=torch.bool)
+        if self.on_cuda:
+            self.flag = self.flag.pin_memory()
 
     @torch.inference_mode()
     def decode(self, ids: Tensor, lengths: Tensor, seeds: Tensor,
@@ -68,16 +75,21 @@ class GraphedDecoder:
 
     def _run(self, g: _Graph) -> int:
         """Replays until every row has stopped; returns steps run."""
-        done_event = torch.cuda.Event()
+        done_event = torch.cuda.Event() if self.on_cuda else None
         chunks = _round_up(self.cfg.max_decoder_steps, self.k) // self.k
         for chunk in range(chunks):
-            g.graph.replay()
+            if g.graph is not None:
+                g.graph.replay()
+            else:
+                self._steps(g)
             if chunk > 0:               # the previous replay's flag, read one replay late
-                done_event.synchronize()
+                if done_event is not None:
+                    done_event.synchronize()
                 if bool(self.flag):
                     return chunk * self.k
-            self.flag.copy_(g.all_done, non_blocking=True)
-            done_event.record()
+            self.flag.copy_(g.all_done, non_blocking=self.on_cuda)
+            if done_event is not None:
+                done_event.record()
         return chunks * self.k
 
     def _load(self, g: _Graph, memory: Tensor, invalid: Tensor, seeds: Tensor,
@@ -120,7 +132,7 @@ class GraphedDecoder:
         decoder = self.model.decoder
         memory = like.new_zeros(b, t, like.shape[2])
         g = _Graph(
-            graph=torch.cuda.CUDAGraph(), memory=memory,
+            graph=torch.cuda.CUDAGraph() if self.on_cuda else None, memory=memory,
             processed=decoder.attention_layer.memory_layer(memory),
             invalid=torch.zeros(b, t, dtype=torch.bool, device=like.device),
             seeds=torch.zeros(b, dtype=torch.long, device=like.device),
@@ -131,6 +143,8 @@ class GraphedDecoder:
             gated=torch.zeros(b, dtype=torch.bool, device=like.device),
             all_done=torch.zeros((), dtype=torch.bool, device=like.device),
             mels=like.new_zeros(self.cfg.max_decoder_steps + self.k, b, self.model.dims.n_mel))
+        if not self.on_cuda:
+            return g
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -144,13 +158,14 @@ class GraphedDecoder:
 
     def _steps(self, g: _Graph) -> None:
         """K decoder steps on the static buffers (what the graph records)."""
-        cfg, b = self.cfg, g.seeds.shape[0]
+        cfg = self.cfg
         state = g.state
+        masks = masks_for_steps(g.seeds, g.step, self.k, self.model.dims, cfg.prenet_dropout,
+                                g.memory.dtype)
         for j in range(self.k):
             step = g.step + j                                    # (1,)
-            masks = prenet_keep_masks(g.seeds, step.expand(b), self.model.dims,
-                                      cfg.prenet_dropout, g.memory.dtype)
-            state, gate = self.model.decoder.step(state, g.memory, g.processed, g.invalid, masks)
+            state, gate = self.model.decoder.step(state, g.memory, g.processed, g.invalid,
+                                                  masks[j] if masks is not None else None)
             g.mels.index_copy_(0, step, state.frame.unsqueeze(0))
             fired = torch.where(g.override > 0, g.override == step + 1,
                                 torch.sigmoid(gate.float()) > cfg.gate_threshold)

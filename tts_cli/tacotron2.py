@@ -283,11 +283,13 @@ def prenet_keep_masks(seeds: Tensor, steps: Tensor, d: Tacotron2Dims, p: float,
             for i, w in enumerate(d.prenet_dims)]
 
 
-def _masks_for_steps(seeds: Tensor, first: int, k: int, d: Tacotron2Dims, p: float,
-                     dtype: torch.dtype) -> list[list[Tensor]] | None:
-    """prenet_keep_masks for steps first..first+k-1: a list over steps of lists over layers."""
+def masks_for_steps(seeds: Tensor, first: int | Tensor, k: int, d: Tacotron2Dims, p: float,
+                    dtype: torch.dtype) -> list[list[Tensor]] | None:
+    """prenet_keep_masks for steps first..first+k-1 in one go (fewer small
+    kernels): a list over steps of lists over layers. ``first`` may be a (1,)
+    device tensor, so a CUDA graph can replay it at any step."""
     b = seeds.shape[0]
-    steps = torch.arange(first, first + k, device=seeds.device).repeat_interleave(b)
+    steps = (first + torch.arange(k, device=seeds.device)).repeat_interleave(b)
     masks = prenet_keep_masks(seeds.repeat(k), steps, d, p, dtype)
     if masks is None:
         return None
@@ -314,7 +316,7 @@ def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
     k = cfg.stop_check_every
     for step in range(cfg.max_decoder_steps):
         if step % k == 0:   # dropout masks for the next k steps in one go: fewer small kernels
-            masks_ahead = _masks_for_steps(seeds, step, k, model.dims, cfg.prenet_dropout, memory.dtype)
+            masks_ahead = masks_for_steps(seeds, step, k, model.dims, cfg.prenet_dropout, memory.dtype)
         masks = masks_ahead[step % k] if masks_ahead is not None else None
         state, gate = model.decoder.step(state, memory, processed_memory, invalid, masks)
         frames_out.append(state.frame)
