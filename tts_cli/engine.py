@@ -127,10 +127,11 @@ class Engine:
         # float32 inverses of the 1x1 convolutions, computed once from the
         # float32 weights, before the model is cast.
         self.inverse_weights = [w.to(device) for w in waveglow.float().inverse_weights()]
-        self.fast_waveglow = FastWaveGlow(waveglow.to(device), dtype)
+        self.fast = device.type == "cuda" if fast is None else fast
+        # built from the float32 weights too (the folds are computed in float32)
+        self.fast_waveglow = FastWaveGlow(waveglow.to(device), dtype) if self.fast else None
         self.tacotron2 = tacotron2.to(device=device, dtype=dtype).eval()
         self.waveglow = waveglow.to(device=device, dtype=dtype).eval()
-        self.fast = device.type == "cuda" if fast is None else fast
         on_gpu = self.fast and device.type == "cuda"
         self.graphed = GraphedDecoder(self.tacotron2, settings.decode) if on_gpu else None
         # WaveGlow runs over at most this many (item x group step) rows at once,
