@@ -6,6 +6,7 @@ directory that cannot be written; 130 after SIGINT, 143 after SIGTERM.
 """
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -83,37 +84,55 @@ def main():
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")
 def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **options):
     """Synthesize every line of CORPUS into OUT/wavs/<id>.wav and OUT/manifest.jsonl."""
-    from tts_cli.pipeline import FatalError, Interrupted, synthesize_corpus  # torch loads only when needed
+    # torch loads only when needed
+    from tts_cli import distributed
+    from tts_cli.pipeline import FatalError, Interrupted, synthesize_corpus
 
     try:
         settings = load_settings(recipe, {"format": format_, **options})
-    except ConfigError as e:
+        group = distributed.from_environment()
+        if group is not None:
+            settings = _for_rank(settings, group)
+    except (ConfigError, distributed.GroupError) as e:
         fatal(str(e))
     echo = (lambda message: None) if settings.quiet else (lambda message: click.echo(message, err=True))
     try:
-        summary = synthesize_corpus(settings, corpus, out_dir, on_notice=echo)
-    except FatalError as e:
+        with distributed.joined(group):
+            summary = synthesize_corpus(settings, corpus, out_dir, on_notice=echo, group=group)
+    except (FatalError, distributed.GroupError) as e:
         fatal(str(e))
     except Interrupted as e:
-        _stopped(e.summary, out_dir, e)
+        _stopped(e, group)
         sys.exit(128 + e.signum)
     except KeyboardInterrupt:
-        click.echo(f"tts-batch: stopped at once; {_resume_hint()}", err=True)
+        click.echo(f"tts-batch: stopped at once; {_resume_hint(group)}", err=True)
         sys.exit(130)
     if not settings.quiet:
         echo(_summary_lines(summary, out_dir))
-    sys.exit(EXIT_LINE_ERRORS if summary.counts["error"] else 0)
+    # Rank 0 alone knows the whole job's outcome; under torchrun a failing
+    # process would also make torchrun stop the others.
+    failed = summary.counts["error"] and (group is None or group.rank == 0)
+    sys.exit(EXIT_LINE_ERRORS if failed else 0)
 
 
-def _resume_hint() -> str:
+def _for_rank(settings, group):
+    """Each process on its own GPU; rank 0 alone shows progress and the summary."""
+    from tts_cli.distributed import device_for
+    return dataclasses.replace(settings, device=device_for(group, settings.device),
+                               quiet=settings.quiet or group.rank != 0)
+
+
+def _resume_hint(group=None) -> str:
+    if group is not None:
+        return "to finish, run the same command again (with any number of processes)"
     return f"to finish, run the same command again: tts-batch {shlex.join(sys.argv[1:])}"
 
 
-def _stopped(summary, out_dir: Path, e) -> None:
+def _stopped(e, group) -> None:
     """One line, even with --quiet: a cron log must say why the run ended."""
-    done = sum(1 for row in summary.rows if row.audio_filepath or row.status == "skipped")
-    click.echo(f"tts-batch: {e} received; {done} of {len(summary.rows)} lines are done and "
-               f"{out_dir / 'manifest.jsonl'} is saved; {_resume_hint()}", err=True)
+    who, whose = (f"{group}: ", "its ") if group else ("", "")
+    click.echo(f"tts-batch: {who}{e} received; {e.done} of {whose}{e.total} lines are done and "
+               f"{e.saved} is saved; {_resume_hint(group)}", err=True)
 
 
 def _summary_lines(summary, out_dir: Path) -> str:
@@ -122,8 +141,15 @@ def _summary_lines(summary, out_dir: Path) -> str:
     seed = f"seed {summary.seed}" + (f" ({summary.seed_source})" if summary.seed_source != "given" else "")
     return (f"{len(summary.rows)} lines: {counts}; {summary.reused} reused from an earlier run{clipped}\n"
             f"{summary.audio_seconds:.1f} s of audio in {summary.wall_seconds:.1f} s "
-            f"({summary.speed:.1f} audio seconds per second; model load {summary.load_seconds:.1f} s); "
+            f"({summary.speed:.1f} audio seconds per second{_per_process(summary)}; "
+            f"model load {summary.load_seconds:.1f} s); "
             f"{seed}; manifest: {out_dir / 'manifest.jsonl'}")
+
+
+def _per_process(summary) -> str:
+    if summary.processes == 1:
+        return ""
+    return f" on {summary.processes} processes, {summary.speed / summary.processes:.1f} per process"
 
 
 @main.command()

@@ -20,6 +20,7 @@ import soundfile as sf
 import torch
 from tqdm import tqdm
 
+from tts_cli import distributed
 from tts_cli import text as frontend
 from tts_cli.audio import write_mel, write_wav
 from tts_cli.batching import length_sorted_batches
@@ -27,6 +28,7 @@ from tts_cli.checkpoints import (CheckpointError, file_digest, load_tacotron2_we
                                  load_waveglow_weights)
 from tts_cli.config import Settings
 from tts_cli.corpus import NOTHING_TO_SAY, CorpusError, Utterance, read_corpus
+from tts_cli.distributed import Group, GroupError
 from tts_cli.engine import Engine, Job, Result, SynthesisSettings, resolve_device, resolve_precision
 from tts_cli.manifest import ManifestRow, read_manifest, summarize, write_manifest
 from tts_cli.randomness import line_seed
@@ -61,11 +63,14 @@ class OutputError(FatalError):
 
 
 class Interrupted(Exception):
-    """SIGINT or SIGTERM: the files in flight were finished and the manifest saved."""
+    """SIGINT or SIGTERM: the files in flight were finished and the manifest
+    (under torchrun: this process's partial manifest) saved at ``saved``,
+    which holds ``done`` finished lines out of ``total``."""
 
-    def __init__(self, signum: int, summary: "RunSummary"):
+    def __init__(self, signum: int, summary: "RunSummary", saved: Path, done: int, total: int):
         super().__init__(signal.Signals(signum).name)
         self.signum, self.summary = signum, summary
+        self.saved, self.done, self.total = saved, done, total
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ class RunSummary:
     reused: int = 0               # lines whose WAV an earlier run made and this one kept
     seed_source: str = "given"    # given, random, or "from the existing manifest"
     reused_seconds: float = 0.0   # audio of the reused lines, not made by this run
+    processes: int = 1            # torchrun processes that shared the work
 
     @property
     def speed(self) -> float:
@@ -194,11 +200,16 @@ class _Pending:
 
 def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice=print,
                       engine: Engine | None = None,
-                      frames_per_symbol: float | None = None) -> RunSummary:
+                      frames_per_symbol: float | None = None, group: Group | None = None) -> RunSummary:
     """Synthesize every line of ``corpus`` into ``out_dir``, reusing the WAVs an
     earlier run left there when their resume key matches. Problems with single
     lines become manifest rows; problems with the whole run raise FatalError;
     SIGINT/SIGTERM raise Interrupted once the manifest is saved.
+
+    Under torchrun (``group``, see distributed.py) every process plans the
+    whole corpus alike, synthesizes its share of the lines left to do, keeps
+    its rows in its own partial manifest, and rank 0 merges them into the
+    manifest at the end; only rank 0's summary covers the whole job.
 
     The benchmark passes its own ``engine`` (random full-size weights) and
     ``frames_per_symbol``, which fixes each line's decode length instead of the
@@ -208,41 +219,102 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
     except CorpusError as e:
         raise FatalError(str(e)) from None
     manifest_path = out_dir / MANIFEST_NAME
-    previous = {} if settings.force else _previous_rows(manifest_path)
+    previous = {} if settings.force else _previous_rows(out_dir)
     seed, seed_source = _run_seed(settings, previous)
+    if group is not None:
+        seed = _together(group, distributed.agree_on_seed, seed)
     identity = audio_identity(settings, engine, frames_per_symbol)
     rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
-    checkpoint = _Checkpoint(manifest_path, utterances, rows, seed)
+    manifest = _Checkpoint(manifest_path, utterances, rows, seed)
+    mine, checkpoint = _my_share(pending, manifest, group)
     notices: list[str] = []
     stop = threading.Event()
     with _StopOnSignals(stop) as signals:
         started = time.perf_counter()
-        _prepare_output(out_dir, settings)   # an unwritable directory fails before loading models
-        if pending and not stop.is_set():   # a signal during the checks: no need to load
+        # An unwritable directory fails before loading models. Under torchrun
+        # only rank 0 removes stale temporary files: on another machine a
+        # live process's pid looks dead.
+        _prepare_output(out_dir, settings, remove_temp_files=group is None or group.rank == 0)
+        if mine and not stop.is_set():   # a signal during the checks: no need to load
             engine = engine or make_engine(settings, notices)
         for notice in notices:
             on_notice(notice)
         load_seconds = time.perf_counter() - started
         started = time.perf_counter()
         try:
-            checkpoint.save()   # before any WAV is replaced: old rows must not vouch for new files
-            if pending and not stop.is_set():
-                _run_batches(engine, pending, settings, _Writer(settings, out_dir, seed),
+            _take_over_earlier_work(manifest, group)
+            if mine and not stop.is_set():
+                _run_batches(engine, mine, settings, _Writer(settings, out_dir, seed),
                              checkpoint, frames_per_symbol, stop)
         finally:
             checkpoint.save(final=True)
-    ordered = checkpoint.ordered()
+    if group is not None and signals.received is None:
+        _merge(manifest, checkpoint, group)
+    ordered = manifest.ordered()
     totals = summarize(ordered)
     summary = RunSummary(rows=ordered, counts=totals["counts"], audio_seconds=totals["audio_seconds"],
                          clipped_samples=totals["clipped_samples"],
                          wall_seconds=time.perf_counter() - started, load_seconds=load_seconds,
                          seed=seed, notices=notices, reused=len(reused_rows), seed_source=seed_source,
-                         reused_seconds=sum(row.duration for row in reused_rows))
+                         reused_seconds=sum(row.duration for row in reused_rows),
+                         processes=group.world if group else 1)
     if signals.received is not None:
-        raise Interrupted(signals.received, summary)
+        raise Interrupted(signals.received, summary, checkpoint.path, *checkpoint.progress())
     return summary
+
+
+def _my_share(pending: list[_Pending], manifest: "_Checkpoint",
+              group: Group | None) -> tuple[list[_Pending], "_Checkpoint"]:
+    """The lines this process synthesizes, and where it saves their rows: on
+    its own, every line into the manifest; under torchrun, its share of the
+    lines (balanced by symbols) into its own partial manifest."""
+    if group is None:
+        return pending, manifest
+    owners = distributed.share([sum(map(len, p.pieces)) for p in pending], group.world)
+    mine = [p for p, owner in zip(pending, owners) if owner == group.rank]
+    partial = _Checkpoint(manifest.path.parent / group.partial_manifest, manifest.utterances,
+                          manifest.rows, manifest.seed, only={p.utterance.line for p in mine})
+    return mine, partial
+
+
+def _take_over_earlier_work(manifest: "_Checkpoint", group: Group | None) -> None:
+    """Before any WAV is replaced, the manifest is rewritten with only the
+    earlier rows this run keeps (old rows must not vouch for new files), and
+    the partial manifests of an earlier torchrun job, read while planning,
+    are removed. Under torchrun rank 0 does it, once every rank has planned
+    and before any rank writes."""
+    if group is not None:
+        _together(group, distributed.barrier)
+    if group is None or group.rank == 0:
+        manifest.save(final=True)
+        _remove_partial_manifests(manifest.path.parent)
+    if group is not None:
+        _together(group, distributed.barrier)
+
+
+def _merge(manifest: "_Checkpoint", mine: "_Checkpoint", group: Group) -> None:
+    """Every rank's rows go to rank 0, which writes the one manifest, in
+    corpus order, and removes the partial manifests it no longer needs."""
+    made = [mine.rows[line] for line in sorted(mine.only) if line in mine.rows]
+    shares = _together(group, distributed.gather_to_first, group, made, saved=mine.path)
+    if group.rank != 0:
+        return
+    for rows in shares:
+        manifest.rows.update((row.line, row) for row in rows)
+    manifest.save(final=True)
+    _remove_partial_manifests(manifest.path.parent)
+
+
+def _together(group: Group, call, *args, saved: Path | None = None):
+    """A step all processes take together; one that cannot (another process
+    died) ends this one with a line saying how to finish."""
+    try:
+        return call(*args)
+    except GroupError as e:
+        kept = f"; its finished lines are saved in {saved}" if saved else ""
+        raise FatalError(f"{group}: {e}{kept}; run the same command again to finish") from None
 
 
 def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: dict,
@@ -256,14 +328,31 @@ def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: 
     return rows, [p for p in pending if not _reuse(p, previous.get(p.utterance.id), out_dir, settings, rows)]
 
 
-def _previous_rows(manifest_path: Path) -> dict[str, dict]:
-    """The rows an earlier run left, by id; none when there is no manifest."""
-    if not manifest_path.exists():
-        return {}
+def _previous_rows(out_dir: Path) -> dict[str, dict]:
+    """The rows earlier runs left, by id: the manifest's, then (newer) those
+    of the partial manifests a torchrun job left when it stopped before
+    merging them; none when there is no manifest."""
+    rows = {}
+    for path in [out_dir / MANIFEST_NAME, *_partial_manifests(out_dir)]:
+        if not path.exists():
+            continue
+        try:
+            rows.update((row["id"], row) for row in read_manifest(path))
+        except (ValueError, OSError) as e:
+            raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
+    return rows
+
+
+def _partial_manifests(out_dir: Path) -> list[Path]:
+    return sorted(out_dir.glob(distributed.PARTIAL_MANIFESTS)) if out_dir.is_dir() else []
+
+
+def _remove_partial_manifests(out_dir: Path) -> None:
     try:
-        return {row["id"]: row for row in read_manifest(manifest_path)}
-    except (ValueError, OSError) as e:
-        raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
+        for path in _partial_manifests(out_dir):
+            path.unlink(missing_ok=True)
+    except OSError as e:
+        raise OutputError(_output_problem(out_dir, e)) from None
 
 
 def _run_seed(settings: Settings, previous: dict[str, dict]) -> tuple[int, str]:
@@ -310,12 +399,12 @@ def _reuse(p: _Pending, old: dict | None, out_dir: Path, settings: Settings,
     return True
 
 
-def _prepare_output(out_dir: Path, settings: Settings) -> None:
+def _prepare_output(out_dir: Path, settings: Settings, remove_temp_files: bool = True) -> None:
     try:
         (out_dir / "wavs").mkdir(parents=True, exist_ok=True)
         if settings.save_mels:
             (out_dir / "mels").mkdir(parents=True, exist_ok=True)
-        for folder in (out_dir, out_dir / "wavs", out_dir / "mels"):
+        for folder in (out_dir, out_dir / "wavs", out_dir / "mels") if remove_temp_files else ():
             _remove_stale_temp_files(folder)
     except OSError as e:
         raise OutputError(_output_problem(out_dir, e)) from None
@@ -354,11 +443,14 @@ def _output_problem(where: Path, e: OSError) -> str:
 class _Checkpoint:
     """The manifest as it stands: rows done so far (and an earlier run's kept
     ones), the rest marked as not synthesized yet. Rewritten atomically, so
-    the file on disk is always a whole manifest, one row per corpus line."""
+    the file on disk is always a whole manifest, one row per corpus line.
+    With ``only`` (a torchrun process's partial manifest), just the rows
+    of those lines that are done."""
 
     def __init__(self, path: Path, utterances: list[Utterance], rows: dict[int, ManifestRow],
-                 seed: int):
+                 seed: int, only: set[int] | None = None):
         self.path, self.utterances, self.rows, self.seed = path, utterances, rows, seed
+        self.only = only
         self.saved_at = 0.0
         self.pending_normalized: dict[int, str] = {}
 
@@ -368,13 +460,22 @@ class _Checkpoint:
                                               "same command again to finish", self.seed)
                 for u in self.utterances]
 
+    def progress(self) -> tuple[int, int]:
+        """(lines done, lines) among those this checkpoint keeps."""
+        rows = [r for r in self.ordered() if self.only is None or r.line in self.only]
+        return sum(1 for r in rows if r.audio_filepath or r.status == "skipped"), len(rows)
+
     def save(self, final: bool = False) -> None:
         """Write the manifest; unless ``final``, only if the last write is old enough."""
         now = time.monotonic()
         if not final and now - self.saved_at < CHECKPOINT_SECONDS and self.saved_at:
             return
+        if self.only is None:
+            rows = self.ordered()
+        else:
+            rows = [self.rows[u.line] for u in self.utterances if u.line in self.only and u.line in self.rows]
         try:
-            write_manifest(self.path, self.ordered())
+            write_manifest(self.path, rows)
         except OSError as e:
             raise OutputError(_output_problem(self.path.parent, e)) from None
         self.saved_at = now

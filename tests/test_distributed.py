@@ -1,0 +1,186 @@
+"""Several processes through torchrun, on CPU with gloo: the output equals a
+single process's, resume works across process counts, and a job that lost a
+process is completed by a re-run. Each torchrun launch costs a few seconds,
+so each test launches once."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from click.testing import CliRunner
+
+from tts_cli.cli import main
+from tts_cli.distributed import Group, share
+from tts_cli.manifest import read_manifest
+
+LINES = [
+    "Printing, in the only sense with which we are at present concerned.",
+    "It cost $3.50 in 1963.",
+    "A much longer line, which goes on and on, so that it lands in another batch.",
+    "Hi.",
+    "...!?",
+    "The first sentence is here, and it is not short at all. The second one follows it.",
+    "The last line of the first corpus.",
+]
+MORE = ["One more line, added later.", "And another one."]
+
+
+def arguments(corpus, out, checkpoints, steps=12):
+    tacotron2, waveglow = checkpoints
+    return [str(corpus), "-o", str(out), "--tacotron2", str(tacotron2), "--waveglow", str(waveglow),
+            "--device", "cpu", "--max-decoder-steps", str(steps), "--batch-size", "2", "--seed", "1",
+            "--sample-format", "float32", "--max-symbols-per-piece", "60"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(processes, args, **popen):
+    """``torchrun --nproc_per_node=N -m tts_cli ARGS``, started."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
+               "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "tts_cli", *args]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+
+
+def finished(process, timeout=120):
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out + err
+
+
+def synth(args):
+    return CliRunner().invoke(main, args)
+
+
+def write(path, lines):
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def manifest(out):
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+def assert_same_output(out, reference):
+    """The same manifest rows (it has no timing fields) and the same audio."""
+    assert manifest(out) == manifest(reference)
+    for row in manifest(reference):
+        if row["audio_filepath"]:
+            mine = sf.read(out / row["audio_filepath"], dtype="float32")[0]
+            theirs = sf.read(reference / row["audio_filepath"], dtype="float32")[0]
+            np.testing.assert_allclose(mine, theirs, atol=1e-6)
+
+
+def mtimes(out):
+    return {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()}
+
+
+def partial_manifests(out):
+    return sorted(out.glob("manifest.rank-*.jsonl"))
+
+
+def test_shares_are_balanced_by_length_and_the_same_for_every_rank():
+    sizes = [120, 10, 10, 80, 40, 40, 30, 5, 5, 60]
+    owners = share(sizes, 3)
+    assert owners == share(list(sizes), 3)
+    loads = [sum(s for s, o in zip(sizes, owners) if o == rank) for rank in range(3)]
+    assert max(loads) - min(loads) <= max(sizes) and sorted(set(owners)) == [0, 1, 2]
+    assert share([7, 7], 4) == [0, 1], "fewer lines than processes: the first ranks take them"
+    assert Group(rank=1, world=2, local_rank=1).partial_manifest == "manifest.rank-1-of-2.jsonl"
+
+
+def test_two_processes_write_what_one_process_writes(tmp_path, tiny_checkpoints):
+    corpus = write(tmp_path / "corpus.txt", LINES)
+    reference = tmp_path / "reference"
+    assert synth(arguments(corpus, reference, tiny_checkpoints)).exit_code == 0
+    code, output = finished(torchrun(2, arguments(corpus, tmp_path / "out", tiny_checkpoints)))
+    assert code == 0, output
+    assert "on 2 processes" in output and "7 lines: 6 ok, 1 skipped" in output
+    assert_same_output(tmp_path / "out", reference)
+    assert partial_manifests(tmp_path / "out") == []
+
+
+def test_resume_across_process_counts_redoes_nothing(tmp_path, tiny_checkpoints):
+    """One process, then two with added lines, then one with more added lines."""
+    out = tmp_path / "out"
+    corpus = tmp_path / "corpus.txt"
+    assert synth(arguments(write(corpus, LINES[:2]), out, tiny_checkpoints)).exit_code == 0
+    first = mtimes(out)
+    code, output = finished(torchrun(2, arguments(write(corpus, LINES), out, tiny_checkpoints)))
+    assert code == 0 and "2 reused" in output, output
+    second = mtimes(out)
+    assert {name: second[name] for name in first} == first, "two processes redid a finished WAV"
+    assert len(second) == 6
+    result = synth(arguments(write(corpus, LINES + MORE), out, tiny_checkpoints))
+    assert result.exit_code == 0 and "6 reused" in result.output, result.output
+    assert {name: stamp for name, stamp in mtimes(out).items() if name in second} == second
+    reference = tmp_path / "reference"
+    assert synth(arguments(corpus, reference, tiny_checkpoints)).exit_code == 0
+    assert_same_output(out, reference)
+
+
+def worker(launcher, rank):
+    """The pid of torchrun's worker process of ``rank``."""
+    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+    for pid in children:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return int(pid)
+    raise AssertionError(f"no worker of rank {rank} among {children}")
+
+
+def wait_for_rows(process, partial, timeout=60.0):
+    """Until the partial manifest holds a row."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if partial.exists() and partial.stat().st_size:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no row in {partial.name}: {finished(process)[1]}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers in /proc")
+def test_a_killed_process_leaves_the_others_work_and_a_rerun_completes(tmp_path,
+                                                                       never_stopping_checkpoints):
+    """Every line decodes 40 frames, so the job lasts long enough to kill rank 1."""
+    corpus = write(tmp_path / "corpus.txt", [f"Sentence number {i}, spoken slowly." for i in range(32)])
+    out = tmp_path / "out"
+    job = torchrun(2, arguments(corpus, out, never_stopping_checkpoints, steps=40))
+    wait_for_rows(job, out / "manifest.rank-1-of-2.jsonl")
+    os.kill(worker(job, 1), signal.SIGKILL)
+    code, output = finished(job)
+    assert code != 0
+    # torchrun stops the survivor with SIGTERM; it saves its rows and says so.
+    assert "rank 0 of 2: SIGTERM received" in output and "run the same command again" in output
+    kept = [row for path in partial_manifests(out) for row in read_manifest(path)]
+    assert [path.name for path in partial_manifests(out)] == ["manifest.rank-0-of-2.jsonl",
+                                                              "manifest.rank-1-of-2.jsonl"]
+    assert kept and all(sf.info(str(out / r["audio_filepath"])).frames == r["num_samples"] for r in kept)
+    before = mtimes(out)
+    result = synth(arguments(corpus, out, never_stopping_checkpoints, steps=40))
+    assert result.exit_code == 0 and f"{len(kept)} reused" in result.output, result.output
+    assert all(mtimes(out)[r["id"] + ".wav"] == before[r["id"] + ".wav"] for r in kept)
+    assert partial_manifests(out) == []
+    reference = tmp_path / "reference"
+    assert synth(arguments(corpus, reference, never_stopping_checkpoints, steps=40)).exit_code == 0
+    assert_same_output(out, reference)
+
+
+def test_a_fixed_gpu_under_torchrun_is_one_line_naming_what_to_pass(tmp_path):
+    corpus = write(tmp_path / "corpus.txt", LINES[:1])
+    result = CliRunner().invoke(main, [str(corpus), "-o", str(tmp_path / "out"), "--device", "cuda:1"],
+                                env={"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"})
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "--device cuda:1" in result.output and "pass --device cuda" in result.output
+    assert not (tmp_path / "out").exists()
