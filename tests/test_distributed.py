@@ -150,7 +150,8 @@ def wait_for_rows(process, partial, timeout=60.0):
     raise AssertionError(f"no row in {partial.name}: {finished(process)[1]}")
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers in /proc")
+@pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(),
+                    reason="finds torchrun's workers through /proc/PID/task/PID/children (Linux)")
 def test_a_killed_process_leaves_the_others_work_and_a_rerun_completes(tmp_path,
                                                                        never_stopping_checkpoints):
     """Every line decodes 40 frames, so the job lasts long enough to kill rank 1."""
