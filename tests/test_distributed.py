@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from tts_cli.cli import main
 from tts_cli.distributed import Group, share
 from tts_cli.manifest import read_manifest
+from tts_cli.text import normalize
 
 LINES = [
     "Printing, in the only sense with which we are at present concerned.",
@@ -176,6 +177,32 @@ def test_a_killed_process_leaves_the_others_work_and_a_rerun_completes(tmp_path,
     reference = tmp_path / "reference"
     assert synth(arguments(corpus, reference, never_stopping_checkpoints, steps=40)).exit_code == 0
     assert_same_output(out, reference)
+
+
+def test_without_torchrun_to_stop_it_a_survivor_finishes_its_share_and_says_what_is_saved(
+        tmp_path, never_stopping_checkpoints):
+    """Two processes started by hand (as on machines that lose each other):
+    nobody stops rank 0 when rank 1 dies, so it finishes its share, then
+    fails to merge and says so in one line."""
+    lines = [f"Sentence number {i}, spoken slowly." for i in range(32)]
+    corpus, out = write(tmp_path / "corpus.txt", lines), tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "tts_cli", *arguments(corpus, out, never_stopping_checkpoints, steps=40),
+            "--quiet"]
+    ranks = [subprocess.Popen(args, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+    wait_for_rows(ranks[0], out / "manifest.rank-1-of-2.jsonl")
+    ranks[1].kill()
+    code, output = finished(ranks[0])
+    assert code == 2 and output.count("\n") == 1, output
+    assert "rank 0 of 2: another process of this job stopped" in output
+    assert "manifest.rank-0-of-2.jsonl" in output and "run the same command again" in output
+    share_of_0 = share([len(normalize(line)[0]) for line in lines], 2).count(0)
+    assert len(read_manifest(out / "manifest.rank-0-of-2.jsonl")) == share_of_0
+    kept = sum(len(read_manifest(path)) for path in partial_manifests(out))
+    result = synth(arguments(corpus, out, never_stopping_checkpoints, steps=40))
+    assert result.exit_code == 0 and f"{kept} reused" in result.output, result.output
 
 
 def test_a_fixed_gpu_under_torchrun_is_one_line_naming_what_to_pass(tmp_path):
