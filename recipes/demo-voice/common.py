@@ -1,0 +1,94 @@
+"""What both training scripts share: precision, time budget, checkpoints, logs."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def default_precision(device: str) -> str:
+    # bf16 needs no loss scaling and is what Hopper runs fastest; CPU tests use fp32.
+    return "bf16" if device.startswith("cuda") else "fp32"
+
+
+def autocast(device: str, precision: str):
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def grad_scaler(device: str, precision: str) -> torch.amp.GradScaler:
+    # Only fp16 can underflow small gradients; bf16 has fp32's exponent range.
+    return torch.amp.GradScaler(torch.device(device).type, enabled=precision == "fp16")
+
+
+class Budget:
+    """Wall-clock time left of --minutes, so a run ends (and saves) before the
+    device machine's 10-minute limit kills it."""
+
+    def __init__(self, minutes: float):
+        self.start = time.monotonic()
+        self.seconds = minutes * 60.0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def spent(self) -> bool:
+        return self.elapsed() >= self.seconds
+
+
+def save_checkpoint(path: Path, **state) -> None:
+    """torch.save under a temporary name, then rename: a kill mid-save leaves
+    the previous checkpoint whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+class Log:
+    """One JSON object per line in OUT/log.jsonl (appended across resumed runs)
+    and a short line on stdout."""
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / "log.jsonl"
+
+    def write(self, **row) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in row.items()), flush=True)
+
+
+def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """This epoch's batches: every item once, each batch of similar lengths
+    (less padding), the order random. A pure function of (seed, epoch), so a
+    resumed run needs only its step count to continue where it stopped."""
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(len(lengths), generator=g).tolist()
+    pool = batch_size * 16
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = sorted(order[start:start + pool], key=lambda i: lengths[i])
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    perm = torch.randperm(len(batches), generator=g).tolist()
+    return [batches[i] for i in perm]
+
+
+def batch_for_step(lengths: list[int], batch_size: int, seed: int, step: int) -> list[int]:
+    per_epoch = len(epoch_batches(lengths, batch_size, seed, 0))
+    return epoch_batches(lengths, batch_size, seed, step // per_epoch)[step % per_epoch]
