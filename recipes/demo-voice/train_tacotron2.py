@@ -1,0 +1,328 @@
+"""Train the demo voice's Tacotron2 (text -> mel) on the data of make_data.py.
+
+The network is ``tts_cli.tacotron2.Tacotron2`` itself (only smaller), so what
+is exported loads through ``tts_cli.checkpoints`` like any published file.
+That module only decodes; the teacher-forced training pass is written here
+from its submodules, following NVIDIA/tacotron2's ``model.py`` and
+``loss_function.py``:
+
+* encoder: each convolution -> BatchNorm -> ReLU -> dropout 0.5, then the
+  bidirectional LSTM over the packed sequence;
+* decoder: the prenet (dropout 0.5, always on) reads the previous *ground
+  truth* frame (a zero "go" frame first); attention LSTM, its hidden state
+  dropped out at 0.1; location-sensitive attention; decoder LSTM, hidden state
+  dropped out at 0.1; frame projection and stop gate from [hidden, context];
+* postnet: convolutions with tanh (not the last) and dropout 0.5, added to
+  the decoder's frames (a residual);
+* outputs past each utterance's length: mel 0, gate logit 1e3 (mask_padding);
+* loss: MSE(frames, mel) + MSE(frames + postnet, mel) + BCE-with-logits(gate,
+  target), the target 1 from each utterance's last frame on.
+
+One addition: a guided-attention loss (Tachibana et al., 2017) that pushes
+the alignment towards the diagonal early on and fades out over
+``--guide-steps``. It only speeds up learning to align, which matters when the
+whole training must fit a few 10-minute GPU runs; at inference nothing changes.
+
+Adam (lr 1e-3, eps 1e-6, weight decay 1e-6) and gradient clipping at 1.0, as
+the reference's hparams.py. Mixed precision through torch.autocast (bf16 by
+default on CUDA; fp16 with a GradScaler).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import OrderedDict
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+import common
+from mel import read_filelist
+from tts_cli import text as frontend
+from tts_cli.tacotron2 import Tacotron2, Tacotron2Dims
+
+# Small enough that Tacotron2 and WaveGlow together stay under 30 MB in fp16
+# (this one: about 4.1 M parameters, 8.2 MB; WaveGlow's upsampler alone takes
+# 13.1 MB), large enough to model one very regular voice. Narrowed where the
+# parameters are (LSTMs 1024 -> 384, embedding/encoder 512 -> 192, postnet
+# 512 -> 128); the attention, the prenet (256), the kernels and the layer
+# counts stay as published, since they set how the model aligns rather than
+# how much it can store.
+DEMO_DIMS = Tacotron2Dims(
+    n_symbols=len(frontend.SYMBOLS), embedding_dim=192, encoder_convs=3, encoder_kernel=5,
+    n_mel=80, prenet_dims=(256, 256), attention_rnn_dim=384, decoder_rnn_dim=384,
+    attention_dim=128, location_filters=32, location_kernel=31, postnet_convs=5,
+    postnet_dim=128, postnet_kernel=5)
+
+P_DROPOUT = 0.5            # encoder convolutions, prenet, postnet
+P_ATTENTION_DROPOUT = 0.1
+P_DECODER_DROPOUT = 0.1
+GATE_PADDING_LOGIT = 1e3   # the reference's fill for gate outputs past the end
+MAX_FRAMES = 1000          # longer utterances are left out (and none is this long at 175 wpm)
+
+
+# --------------------------------------------------------------------------
+# Teacher-forced pass
+
+
+def encode(model: Tacotron2, ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """The encoder as trained: dropout after every convolution."""
+    invalid = torch.arange(ids.shape[1], device=ids.device)[None, :] >= lengths[:, None]
+    keep = (~invalid).unsqueeze(1)
+    x = model.embedding(ids).transpose(1, 2)
+    for conv in model.encoder.convolutions:
+        # Zeroing padded positions first, as inference does, keeps what the
+        # convolutions see at the ends of a line the same in both.
+        x = F.dropout(F.relu(conv(x * keep.to(x.dtype))), P_DROPOUT, model.training)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        x.transpose(1, 2), lengths.cpu(), batch_first=True, enforce_sorted=False)
+    out, _ = model.encoder.lstm(packed)
+    out, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])
+    return out, invalid
+
+
+def prenet(model: Tacotron2, frames: Tensor) -> Tensor:
+    # Dropout stays on whatever the mode: the reference trains and infers so.
+    for layer in model.decoder.prenet.layers:
+        frames = F.dropout(F.relu(layer(frames)), P_DROPOUT, training=True)
+    return frames
+
+
+def decode_teacher_forced(model: Tacotron2, memory: Tensor, invalid: Tensor, mels: Tensor
+                          ) -> tuple[Tensor, Tensor, Tensor]:
+    """mels (B, n_mel, T) ground truth -> frames (B, n_mel, T), gate logits
+    (B, T), alignments (B, T, T_text)."""
+    dec = model.decoder
+    b, n_mel, steps = mels.shape
+    go = mels.new_zeros(b, n_mel, 1)
+    previous = torch.cat((go, mels[:, :, :-1]), 2).permute(2, 0, 1)     # (T, B, n_mel)
+    prenet_out = prenet(model, previous)
+    processed_memory = dec.attention_layer.memory_layer(memory)
+    s = dec.initial_state(memory)
+    ah, ac, dh, dc = s.attention_hidden, s.attention_cell, s.decoder_hidden, s.decoder_cell
+    weights, weights_cum, context = s.attention_weights, s.attention_weights_cum, s.attention_context
+    frames, gates, alignments = [], [], []
+    for t in range(steps):
+        ah, ac = dec.attention_rnn(torch.cat((prenet_out[t], context), 1), (ah, ac))
+        # The reference keeps the dropped-out hidden state as the state.
+        ah = F.dropout(ah, P_ATTENTION_DROPOUT, model.training)
+        weights_cat = torch.stack((weights, weights_cum), 1)
+        context, weights = dec.attention_layer(ah, memory, processed_memory, weights_cat, invalid)
+        weights_cum = weights_cum + weights
+        dh, dc = dec.decoder_rnn(torch.cat((ah, context), 1), (dh, dc))
+        dh = F.dropout(dh, P_DECODER_DROPOUT, model.training)
+        hidden_context = torch.cat((dh, context), 1)
+        frames.append(dec.linear_projection(hidden_context))
+        gates.append(dec.gate_layer(hidden_context).squeeze(1))
+        alignments.append(weights)
+    return torch.stack(frames, 2), torch.stack(gates, 1), torch.stack(alignments, 1)
+
+
+def postnet(model: Tacotron2, mel: Tensor, keep: Tensor) -> Tensor:
+    x = mel
+    last = len(model.postnet.convolutions) - 1
+    for i, conv in enumerate(model.postnet.convolutions):
+        x = conv(x * keep)   # frames past the end zeroed, as at inference
+        if i < last:
+            x = torch.tanh(x)
+        x = F.dropout(x, P_DROPOUT, model.training)
+    return x
+
+
+def forward(model: Tacotron2, ids: Tensor, lengths: Tensor, mels: Tensor, mel_lengths: Tensor
+            ) -> dict[str, Tensor]:
+    memory, invalid = encode(model, ids, lengths)
+    frames, gates, alignments = decode_teacher_forced(model, memory, invalid, mels)
+    valid = torch.arange(mels.shape[2], device=mels.device)[None, :] < mel_lengths[:, None]
+    keep = valid.unsqueeze(1).to(frames.dtype)
+    post = frames + postnet(model, frames, keep)
+    return {"frames": frames * keep, "post": post * keep,
+            "gates": gates.masked_fill(~valid, GATE_PADDING_LOGIT), "alignments": alignments}
+
+
+def gate_targets(mel_lengths: Tensor, steps: int) -> Tensor:
+    return (torch.arange(steps, device=mel_lengths.device)[None, :]
+            >= (mel_lengths[:, None] - 1)).float()
+
+
+def guided_attention_loss(alignments: Tensor, lengths: Tensor, mel_lengths: Tensor,
+                          width: float = 0.2) -> Tensor:
+    """Mean attention weight that falls far from the diagonal n/N = t/T."""
+    b, steps, n_text = alignments.shape
+    t = torch.arange(steps, device=alignments.device)[None, :, None] / mel_lengths[:, None, None]
+    n = torch.arange(n_text, device=alignments.device)[None, None, :] / lengths[:, None, None]
+    penalty = 1.0 - torch.exp(-((n - t) ** 2) / (2 * width ** 2))
+    valid = (t < 1.0) & (n < 1.0)
+    return (alignments.float() * penalty * valid).sum() / valid.sum()
+
+
+def losses(out: dict[str, Tensor], mels: Tensor, lengths: Tensor, mel_lengths: Tensor,
+           guide_weight: float) -> dict[str, Tensor]:
+    mels = mels.float()
+    mel_loss = F.mse_loss(out["frames"].float(), mels) + F.mse_loss(out["post"].float(), mels)
+    gate_loss = F.binary_cross_entropy_with_logits(
+        out["gates"].float(), gate_targets(mel_lengths, mels.shape[2]))
+    total = mel_loss + gate_loss
+    parts = {"mel": mel_loss, "gate": gate_loss}
+    if guide_weight > 0:
+        parts["guide"] = guided_attention_loss(out["alignments"], lengths, mel_lengths)
+        total = total + guide_weight * parts["guide"]
+    parts["total"] = total
+    return parts
+
+
+# --------------------------------------------------------------------------
+# Data
+
+
+class Dataset:
+    """Symbol ids and cached mels of the training list, padded into batches."""
+
+    def __init__(self, data: Path):
+        mels = torch.load(data / "mels.pt", map_location="cpu")
+        rows = [(uid, line) for uid, line in read_filelist(data / "train.psv")
+                if uid in mels and mels[uid].shape[1] <= MAX_FRAMES]
+        self.ids = [torch.tensor(frontend.text_to_sequence(line)) for _, line in rows]
+        self.mels = [mels[uid] for uid, _ in rows]
+        self.frames = [m.shape[1] for m in self.mels]
+
+    def __len__(self) -> int:
+        return len(self.mels)
+
+    def batch(self, items: list[int], device: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        ids = torch.nn.utils.rnn.pad_sequence([self.ids[i] for i in items], batch_first=True)
+        lengths = torch.tensor([len(self.ids[i]) for i in items])
+        mel_lengths = torch.tensor([self.frames[i] for i in items])
+        mels = torch.zeros(len(items), self.mels[items[0]].shape[0], int(mel_lengths.max()))
+        for row, i in enumerate(items):
+            mels[row, :, : self.frames[i]] = self.mels[i].float()
+        return ids.to(device), lengths.to(device), mels.to(device), mel_lengths.to(device)
+
+
+# --------------------------------------------------------------------------
+# Export
+
+
+def export(model: Tacotron2, path: Path, step: int) -> None:
+    """DeepLearningExamples / NGC layout, fp16: {'epoch', 'config', 'state_dict'
+    with 'module.' names}. tts_cli.checkpoints reads it (and widens to fp32);
+    fp16 halves the file, which the 30 MB budget needs."""
+    state = OrderedDict(("module." + k, v.detach().half() if v.is_floating_point() else v.detach())
+                        for k, v in model.state_dict().items())
+    d = model.dims
+    config = {"n_mel_channels": d.n_mel, "n_symbols": d.n_symbols,
+              "symbols_embedding_dim": d.embedding_dim, "encoder_embedding_dim": d.embedding_dim,
+              "n_frames_per_step": 1, "mask_padding": True, "demo_voice_step": step,
+              "dims": asdict(d)}
+    common.save_checkpoint(path, epoch=step, config=config, state_dict=state)
+
+
+# --------------------------------------------------------------------------
+# Training loop
+
+
+def build(dims: Tacotron2Dims, device: str, lr: float):
+    model = Tacotron2(dims).to(device).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, eps=1e-6, weight_decay=1e-6)
+    return model, optimizer
+
+
+def guide_weight_at(step: int, weight: float, steps: int) -> float:
+    return weight * max(0.0, 1.0 - step / steps) if steps > 0 else 0.0
+
+
+def train(args) -> dict:
+    out: Path = args.out
+    log = common.Log(out)
+    budget = common.Budget(args.minutes)
+    dims = replace(DEMO_DIMS, **args.dims) if args.dims else DEMO_DIMS
+    data = Dataset(args.data)
+    model, optimizer = build(dims, args.device, args.lr)
+    scaler = common.grad_scaler(args.device, args.precision)
+    step = 0
+    saved = common.load_checkpoint(out / "checkpoint.pt")
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scaler.load_state_dict(saved["scaler"])
+        step = saved["step"]
+        log.write(event="resumed", step=step)
+    else:
+        log.write(event="start", parameters=sum(p.numel() for p in model.parameters()),
+                  utterances=len(data))
+    last_save = budget.elapsed()
+
+    def save() -> None:
+        common.save_checkpoint(out / "checkpoint.pt", model=model.state_dict(),
+                               optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
+                               step=step, dims=asdict(dims))
+
+    while step < args.max_steps and not budget.spent():
+        items = common.batch_for_step(data.frames, args.batch_size, args.seed, step)
+        ids, lengths, mels, mel_lengths = data.batch(items, args.device)
+        guide = guide_weight_at(step, args.guide_weight, args.guide_steps)
+        with common.autocast(args.device, args.precision):
+            out_tensors = forward(model, ids, lengths, mels, mel_lengths)
+        parts = losses(out_tensors, mels, lengths, mel_lengths, guide)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(parts["total"]).backward()
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        step += 1
+        if step % args.log_every == 0 or step == 1:
+            log.write(step=step, seconds=round(budget.elapsed(), 1), grad_norm=float(grad_norm),
+                      **{k: float(v.detach()) for k, v in parts.items()})
+        if budget.elapsed() - last_save > args.save_every_minutes * 60:
+            save()
+            last_save = budget.elapsed()
+    save()
+    model.eval()
+    export(model, out / "demo_tacotron2.pt", step)
+    log.write(event="saved", step=step, seconds=round(budget.elapsed(), 1))
+    return {"step": step, "loss": float(parts["total"].detach()) if step else math.nan}
+
+
+def parse_args(argv: list[str] | None):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, required=True, help="folder of make_data.py + mel.py")
+    p.add_argument("--out", type=Path, required=True, help="checkpoint, log and export folder")
+    p.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of this run")
+    p.add_argument("--max-steps", type=int, default=1_000_000)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--guide-weight", type=float, default=1.0)
+    p.add_argument("--guide-steps", type=int, default=4000, help="guided attention fades to 0 by then")
+    p.add_argument("--precision", choices=sorted(common.PRECISIONS), default=None)
+    p.add_argument("--device", default=device)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--save-every-minutes", type=float, default=2.0)
+    p.add_argument("--dims", type=lambda s: dict(_parse_dims(s)), default=None,
+                   help="override DEMO_DIMS, e.g. 'embedding_dim=32,attention_rnn_dim=32' (tests)")
+    args = p.parse_args(argv)
+    args.precision = args.precision or common.default_precision(args.device)
+    return args
+
+
+def _parse_dims(text: str):
+    for item in text.split(","):
+        key, value = item.split("=")
+        yield key, tuple(int(v) for v in value.split(":")) if ":" in value else int(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    train(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""Train the demo voice's WaveGlow (mel -> audio) on the WAVs of make_data.py.
+
+The network is ``tts_cli.waveglow.WaveGlow`` itself (only smaller), so the
+export loads through ``tts_cli.checkpoints``. That module only runs the flow
+backwards (noise -> audio); the forward flow that training needs is written
+here from its submodules, following NVIDIA/waveglow's ``glow.py``:
+
+* the mel is upsampled to audio rate, both are grouped ``n_group`` samples to
+  a step;
+* each flow: (every ``n_early_every`` flows, ``n_early_size`` channels leave
+  as output), the invertible 1x1 convolution (log-determinant
+  ``batch * steps * log|det W|``), then the affine coupling: WN reads the
+  first half and the mel and gives (b, log s); the second half becomes
+  ``exp(log s) * x + b``;
+* loss (``WaveGlowLoss``): ``sum(z^2) / (2 sigma^2) - sum(log s) - sum(log det
+  W)``, divided by the number of elements of z; sigma = 1.0.
+
+As in the reference: WN's convolutions (start, conditioning, dilated, res/skip)
+are weight-normalised, its end convolution starts at zero (each coupling starts
+as the identity), the 1x1 convolutions start as random rotations with
+determinant +1; training reads random segments of the audio (zero-padded when
+shorter) with the mel of each segment; Adam. The 1x1 convolutions and the
+log-determinants run in fp32; WN runs under autocast.
+
+Departure, for size: the upsampler (80 x 80 x 1024, 6.6 M weights, 13.1 MB
+even in fp16 -- the loader reads the hop from its kernel, so it cannot be
+smaller) is not trained. It is fixed to linear interpolation between
+consecutive frames, each mel band feeding only itself; the conditioning layers
+learn the mixing. Training it would triple the resume checkpoint for little
+gain on a voice this regular.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import OrderedDict
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrizations import weight_norm
+
+import common
+from mel import MelExtractor, MelSettings, read_filelist, read_wav
+from tts_cli.waveglow import WaveGlow, WaveGlowDims
+
+# 8 flows of 6 layers x 40 channels: about 3.1 M trained parameters (6.2 MB in
+# fp16), plus the fixed upsampler (13.1 MB). The published model has 12 flows
+# of 8 x 256; the group of 8 samples, early outputs every 4 flows and kernel 3
+# stay as published.
+DEMO_DIMS = WaveGlowDims(n_mel=80, n_flows=8, n_group=8, n_early_every=4, n_early_size=2,
+                         wn_layers=6, wn_channels=40, wn_kernel=3, upsample_kernel=1024,
+                         hop_length=256)
+SIGMA = 1.0
+SEGMENT = 16384   # samples per training segment (the reference uses 16000); a multiple of hop and group
+
+
+# --------------------------------------------------------------------------
+# Model set-up
+
+
+def interpolating_upsampler(d: WaveGlowDims) -> Tensor:
+    """ConvTranspose1d weight (n_mel, n_mel, kernel) that interpolates each band
+    linearly between consecutive frames: frame f reaches samples f*hop ..
+    f*hop + 2*hop with a triangle peaking at f*hop + hop, so every sample is a
+    convex mix of two frames (the triangles overlapping by half sum to 1)."""
+    k = torch.arange(d.upsample_kernel, dtype=torch.float32)
+    triangle = (1.0 - (k - d.hop_length).abs() / d.hop_length).clamp(min=0.0)
+    return torch.eye(d.n_mel)[:, :, None] * triangle[None, None, :]
+
+
+def build(dims: WaveGlowDims, seed: int) -> WaveGlow:
+    torch.manual_seed(seed)
+    model = WaveGlow(dims)
+    with torch.no_grad():
+        model.upsample.weight.copy_(interpolating_upsampler(dims))
+        model.upsample.bias.zero_()
+    model.upsample.requires_grad_(False)
+    for wn in model.WN:
+        for conv in [wn.start, wn.cond_layer, *wn.in_layers, *wn.res_skip_layers]:
+            weight_norm(conv)   # as the reference trains; g and v are what is exported
+        with torch.no_grad():
+            wn.end.weight.zero_()
+            wn.end.bias.zero_()
+    for inv in model.convinv:
+        c = inv.conv.weight.shape[0]
+        q, _ = torch.linalg.qr(torch.randn(c, c))
+        if torch.det(q) < 0:
+            q[:, 0] = -q[:, 0]   # a rotation: log|det| = 0 and no reflection
+        with torch.no_grad():
+            inv.conv.weight.copy_(q[:, :, None])
+    return model
+
+
+def trainable(model: WaveGlow) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def trained_state(model: WaveGlow) -> dict[str, Tensor]:
+    """The weights a resume needs: all but the fixed upsampler (26 MB in fp32),
+    which build() makes again."""
+    return {k: v for k, v in model.state_dict().items() if not k.startswith("upsample.")}
+
+
+def load_trained(model: WaveGlow, state: dict[str, Tensor]) -> None:
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or any(not k.startswith("upsample.") for k in missing):
+        raise ValueError(f"checkpoint does not fit the model: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
+
+
+# --------------------------------------------------------------------------
+# Forward flow and loss
+
+
+def flow_forward(model: WaveGlow, audio: Tensor, mel: Tensor, precision: str
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+    """audio (B, S) with S a multiple of n_group, mel (B, n_mel, F) with
+    F*hop >= S. Returns z (B, n_group, S/n_group) fp32, sum of log s, sum of
+    log det W."""
+    d = model.dims
+    b, samples = audio.shape
+    steps = samples // d.n_group
+    device = audio.device.type
+    with common.autocast(device, precision):
+        spect = model.upsample_mel(mel)[:, :, :steps]
+    x = audio.float().unfold(1, d.n_group, d.n_group).permute(0, 2, 1)   # (B, group, steps)
+    keep = torch.ones(b, 1, steps, device=audio.device, dtype=spect.dtype)
+    early, log_s_total, log_det_total = [], x.new_zeros(()), x.new_zeros(())
+    for k in range(d.n_flows):
+        if k % d.n_early_every == 0 and k > 0:
+            early.append(x[:, : d.n_early_size])
+            x = x[:, d.n_early_size:]
+        w = model.convinv[k].conv.weight.float().squeeze(2)
+        x = torch.einsum("oc,bct->bot", w, x)
+        log_det_total = log_det_total + b * steps * torch.logdet(w)
+        half = x.shape[1] // 2
+        x0, x1 = x[:, :half], x[:, half:]
+        with common.autocast(device, precision):
+            out = model.WN[k](x0, spect, keep).float()
+        shift, log_s = out[:, :half], out[:, half:]
+        x = torch.cat((x0, torch.exp(log_s) * x1 + shift), 1)
+        log_s_total = log_s_total + log_s.sum()
+    return torch.cat(early + [x], 1), log_s_total, log_det_total
+
+
+def waveglow_loss(z: Tensor, log_s_total: Tensor, log_det_total: Tensor, sigma: float = SIGMA) -> Tensor:
+    return ((z * z).sum() / (2 * sigma * sigma) - log_s_total - log_det_total) / z.numel()
+
+
+# --------------------------------------------------------------------------
+# Data
+
+
+class AudioSegments:
+    """All training audio in memory as int16 (3 hours is ~0.5 GB); each step
+    draws random segments and computes their mels on the device."""
+
+    def __init__(self, data: Path, device: str):
+        rows = read_filelist(data / "train.psv")
+        self.clips = [(read_wav(data / "wavs" / f"{uid}.wav") * 32768).round().short()
+                      for uid, _ in rows]
+        self.device = device
+        self.mel = MelExtractor(MelSettings()).to(device)
+
+    def __len__(self) -> int:
+        return len(self.clips)
+
+    def batch(self, size: int, segment: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
+        picks = torch.randint(len(self.clips), (size,), generator=g).tolist()
+        audio = torch.zeros(size, segment, dtype=torch.int16)
+        for row, i in enumerate(picks):
+            clip = self.clips[i]
+            if len(clip) >= segment:
+                start = int(torch.randint(len(clip) - segment + 1, (1,), generator=g))
+                audio[row] = clip[start:start + segment]
+            else:
+                audio[row, : len(clip)] = clip   # zero-padded, as the reference
+        audio = audio.to(self.device).float() / 32768.0
+        with torch.no_grad():
+            mel = self.mel(audio)
+        return audio, mel
+
+
+# --------------------------------------------------------------------------
+# Export
+
+
+def _weight_norm_state(model: WaveGlow) -> "OrderedDict[str, Tensor]":
+    """The model's weights in NVIDIA's weight-norm names (weight_g, weight_v);
+    the parametrised convolutions hold g and v as original0 / original1."""
+    out = OrderedDict()
+    for key, value in model.state_dict().items():
+        key = key.replace(".parametrizations.weight.original0", ".weight_g")
+        key = key.replace(".parametrizations.weight.original1", ".weight_v")
+        out[key] = value.detach()
+    return out
+
+
+def _per_layer_cond(state: "OrderedDict[str, Tensor]", dims: WaveGlowDims) -> "OrderedDict[str, Tensor]":
+    """DeepLearningExamples keeps one conditioning convolution per WN layer:
+    split the fused one's rows (2*C per layer, layer order). Weight norm is
+    per output row, so g and v split the same way."""
+    rows = 2 * dims.wn_channels
+    out = OrderedDict()
+    for key, value in state.items():
+        head, sep, what = key.partition(".cond_layer.")
+        if not sep:
+            out[key] = value
+            continue
+        for i in range(dims.wn_layers):
+            out[f"{head}.cond_layers.{i}.{what}"] = value[i * rows:(i + 1) * rows].clone()
+    return out
+
+
+def export(model: WaveGlow, path: Path, step: int) -> None:
+    """DeepLearningExamples / NGC layout, fp16: {'epoch', 'config', 'state_dict'}
+    with 'module.' names, weight norm as weight_g / weight_v and per-layer
+    cond_layers; tts_cli.checkpoints folds and fuses them back."""
+    d = model.dims
+    state = _per_layer_cond(_weight_norm_state(model), d)
+    state = OrderedDict(("module." + k, v.half()) for k, v in state.items())
+    config = {"n_mel_channels": d.n_mel, "n_flows": d.n_flows, "n_group": d.n_group,
+              "n_early_every": d.n_early_every, "n_early_size": d.n_early_size,
+              "WN_config": {"n_layers": d.wn_layers, "kernel_size": d.wn_kernel,
+                            "n_channels": d.wn_channels},
+              "sigma": SIGMA, "demo_voice_step": step}
+    common.save_checkpoint(path, epoch=step, config=config, state_dict=state)
+
+
+# --------------------------------------------------------------------------
+# Training loop
+
+
+def train(args) -> dict:
+    out: Path = args.out
+    log = common.Log(out)
+    budget = common.Budget(args.minutes)
+    dims = replace(DEMO_DIMS, **args.dims) if args.dims else DEMO_DIMS
+    data = AudioSegments(args.data, args.device)
+    model = build(dims, args.seed).to(args.device).train()
+    optimizer = torch.optim.Adam(trainable(model), lr=args.lr)
+    scaler = common.grad_scaler(args.device, args.precision)
+    step = 0
+    saved = common.load_checkpoint(out / "checkpoint.pt")
+    if saved is not None:
+        load_trained(model, saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scaler.load_state_dict(saved["scaler"])
+        step = saved["step"]
+        log.write(event="resumed", step=step)
+    else:
+        log.write(event="start", trained_parameters=sum(p.numel() for p in trainable(model)),
+                  utterances=len(data))
+    last_save = budget.elapsed()
+
+    def save() -> None:
+        common.save_checkpoint(out / "checkpoint.pt", model=trained_state(model),
+                               optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
+                               step=step, dims=asdict(dims))
+
+    loss = torch.tensor(float("nan"))
+    while step < args.max_steps and not budget.spent():
+        # Segments are a function of (seed, step): a resumed run continues the sequence.
+        g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+        audio, mel = data.batch(args.batch_size, args.segment, g)
+        z, log_s, log_det = flow_forward(model, audio, mel, args.precision)
+        loss = waveglow_loss(z, log_s, log_det)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), args.clip)
+        scaler.step(optimizer)
+        scaler.update()
+        step += 1
+        if step % args.log_every == 0 or step == 1:
+            log.write(step=step, seconds=round(budget.elapsed(), 1), loss=float(loss.detach()),
+                      grad_norm=float(grad_norm))
+        if budget.elapsed() - last_save > args.save_every_minutes * 60:
+            save()
+            last_save = budget.elapsed()
+    save()
+    model.eval()
+    export(model, out / "demo_waveglow.pt", step)
+    log.write(event="saved", step=step, seconds=round(budget.elapsed(), 1))
+    return {"step": step, "loss": float(loss.detach())}
+
+
+def parse_args(argv: list[str] | None):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, required=True, help="folder made by make_data.py")
+    p.add_argument("--out", type=Path, required=True, help="checkpoint, log and export folder")
+    p.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of this run")
+    p.add_argument("--max-steps", type=int, default=10_000_000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--segment", type=int, default=SEGMENT)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--clip", type=float, default=100.0,
+                   help="gradient-norm clip; only catches rare spikes (the reference has none)")
+    p.add_argument("--precision", choices=sorted(common.PRECISIONS), default=None)
+    p.add_argument("--device", default=device)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--log-every", type=int, default=200)
+    p.add_argument("--save-every-minutes", type=float, default=2.0)
+    p.add_argument("--dims", type=lambda s: dict(_parse_dims(s)), default=None,
+                   help="override DEMO_DIMS, e.g. 'n_flows=4,wn_channels=8' (tests)")
+    args = p.parse_args(argv)
+    args.precision = args.precision or common.default_precision(args.device)
+    return args
+
+
+def _parse_dims(text: str):
+    for item in text.split(","):
+        key, value = item.split("=")
+        yield key, int(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    train(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
