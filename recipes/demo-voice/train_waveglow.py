@@ -159,11 +159,25 @@ class AudioSegments:
     draws random segments and computes their mels on the device."""
 
     def __init__(self, data: Path, device: str):
-        rows = read_filelist(data / "train.psv")
-        self.clips = [(read_wav(data / "wavs" / f"{uid}.wav") * 32768).round().short()
-                      for uid, _ in rows]
+        self.clips = self._load(data)
         self.device = device
         self.mel = MelExtractor(MelSettings()).to(device)
+
+    @staticmethod
+    def _load(data: Path) -> list[Tensor]:
+        """The training clips, read once into data/audio.pt: every later run
+        (one per 10-minute piece) then loads one file in seconds instead of
+        thousands of WAVs."""
+        uids = [uid for uid, _ in read_filelist(data / "train.psv")]
+        cache = data / "audio.pt"
+        if cache.exists():
+            saved = torch.load(cache, map_location="cpu")
+            if saved["ids"] == uids:
+                return list(saved["audio"].split(saved["lengths"]))
+        clips = [(read_wav(data / "wavs" / f"{uid}.wav") * 32768).round().short() for uid in uids]
+        common.save_checkpoint(cache, ids=uids, audio=torch.cat(clips),
+                               lengths=[len(c) for c in clips])
+        return clips
 
     def __len__(self) -> int:
         return len(self.clips)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One 10-minute device run of the demo-voice recipe, from the repository root:
+#   bash recipes/demo-voice/gpu_run.sh MINUTES [TRANSCRIPTS]
+# Installs the carried wheels (.whl) and espeak-ng (.deb), makes the data if
+# runs/data is missing or incomplete (make_data.py skips finished WAVs; the
+# mel cache is rebuilt only when missing), then trains Tacotron2 and WaveGlow
+# side by side for MINUTES each, resuming from runs/*/checkpoint.pt, and puts
+# the exports and logs under $OUT (WaveGlow's export split into 15 MB parts:
+# the device returns files of at most 16 MiB). Join here with
+#   cat demo_waveglow.pt.part-* > checkpoints/demo_waveglow.pt
+set -uo pipefail
+minutes=${1:?minutes}
+transcripts=${2:-}
+R=recipes/demo-voice
+OUT=${OUT:-runs/out}
+mkdir -p "$OUT" runs
+# The image lacks tts_cli's small dependencies; install the carried wheels
+# only where they are missing (so the script also runs on a dev machine).
+if ! python3 -c "import unidecode, inflect, soundfile" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+. $R/espeak_env.sh .deb /tmp/espeak || exit 1
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+start=$(date +%s)
+python3 $R/make_data.py --out runs/data --espeak "$ESPEAK" ${transcripts:+--transcripts "$transcripts"} || exit 1
+[ -f runs/data/mels.pt ] || python3 $R/mel.py --data runs/data || exit 1
+echo "data ready after $(( $(date +%s) - start )) s"
+python3 $R/train_tacotron2.py --data runs/data --out runs/tacotron2 --minutes "$minutes" \
+    --batch-size 128 > runs/tacotron2.out 2>&1 &
+t2=$!
+python3 $R/train_waveglow.py --data runs/data --out runs/waveglow --minutes "$minutes" \
+    > runs/waveglow.out 2>&1
+wait $t2
+tail -n 4 runs/tacotron2.out runs/waveglow.out
+cp runs/tacotron2/demo_tacotron2.pt "$OUT/"
+cp runs/tacotron2/log.jsonl "$OUT/tacotron2_log.jsonl"
+cp runs/waveglow/log.jsonl "$OUT/waveglow_log.jsonl"
+split -b 15M runs/waveglow/demo_waveglow.pt "$OUT/demo_waveglow.pt.part-"
+ls -la "$OUT"
