@@ -8,6 +8,7 @@
 # the exports and logs under $OUT (WaveGlow's export split into 15 MB parts:
 # the device returns files of at most 16 MiB). Join here with
 #   cat demo_waveglow.pt.part-* > checkpoints/demo_waveglow.pt
+# With EVAL=1 in the environment it then also synthesizes the held-out lines.
 set -uo pipefail
 minutes=${1:?minutes}
 transcripts=${2:-}
@@ -37,4 +38,12 @@ cp runs/tacotron2/demo_tacotron2.pt "$OUT/"
 cp runs/tacotron2/log.jsonl "$OUT/tacotron2_log.jsonl"
 cp runs/waveglow/log.jsonl "$OUT/waveglow_log.jsonl"
 split -b 15M runs/waveglow/demo_waveglow.pt "$OUT/demo_waveglow.pt.part-"
+# EVAL=1: also speak the 100 held-out lines with the exports (seconds here,
+# ~15 minutes on a 2-core CPU); the WAVs and synth.json come back as a tar in
+# 15 MB parts for `evaluate.py score`, which runs where the recognizer is.
+if [ "${EVAL:-0}" = 1 ]; then
+    python3 $R/evaluate.py synth --data runs/data --out runs/eval \
+        --tacotron2 runs/tacotron2/demo_tacotron2.pt --waveglow runs/waveglow/demo_waveglow.pt || exit 1
+    tar -C runs -cf - eval | split -b 15M - "$OUT/eval.tar.part-"
+fi
 ls -la "$OUT"
