@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -136,4 +137,11 @@ def _collective(call, *args, **kwargs):
 
 
 def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    """The gist of torch's message: gloo's start with a source location and
+    go on with advice ("[.../pair.cc:553] Connection closed by peer [addr]:port.
+    This is typically caused by...")."""
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    first = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0])
+    return first.split(". ")[0].rstrip(".")

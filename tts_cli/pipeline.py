@@ -250,8 +250,8 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
                              checkpoint, frames_per_symbol, stop)
         finally:
             checkpoint.save(final=True)
-    if group is not None and signals.received is None:
-        _merge(manifest, checkpoint, group)
+        if group is not None and not stop.is_set():
+            _merge_unless_stopped(manifest, checkpoint, group, signals)
     ordered = manifest.ordered()
     totals = summarize(ordered)
     summary = RunSummary(rows=ordered, counts=totals["counts"], audio_seconds=totals["audio_seconds"],
@@ -305,6 +305,18 @@ def _merge(manifest: "_Checkpoint", mine: "_Checkpoint", group: Group) -> None:
         manifest.rows.update((row.line, row) for row in rows)
     manifest.save(final=True)
     _remove_partial_manifests(manifest.path.parent)
+
+
+def _merge_unless_stopped(manifest: "_Checkpoint", mine: "_Checkpoint", group: Group,
+                          signals: "_StopOnSignals") -> None:
+    """A process that finished its share waits for the others here; when
+    torchrun stops the job (another process died), the signal ends the wait
+    and is reported as the interruption it is: this process's rows are saved."""
+    try:
+        _merge(manifest, mine, group)
+    except FatalError:
+        if signals.received is None:
+            raise
 
 
 def _together(group: Group, call, *args, saved: Path | None = None):
