@@ -89,6 +89,18 @@ def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int) ->
     return [batches[i] for i in perm]
 
 
-def batch_for_step(lengths: list[int], batch_size: int, seed: int, step: int) -> list[int]:
-    per_epoch = len(epoch_batches(lengths, batch_size, seed, 0))
-    return epoch_batches(lengths, batch_size, seed, step // per_epoch)[step % per_epoch]
+class BatchOrder:
+    """Step -> batch through epoch_batches, the current epoch kept (re-sorting
+    13,000 lengths every step would cost more than nothing)."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int):
+        self.lengths, self.batch_size, self.seed = lengths, batch_size, seed
+        self.per_epoch = len(epoch_batches(lengths, batch_size, seed, 0))
+        self.epoch, self.batches = -1, []
+
+    def __call__(self, step: int) -> list[int]:
+        epoch = step // self.per_epoch
+        if epoch != self.epoch:
+            self.epoch, self.batches = epoch, epoch_batches(
+                self.lengths, self.batch_size, self.seed, epoch)
+        return self.batches[step % self.per_epoch]

@@ -261,8 +261,9 @@ def train(args) -> dict:
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                                step=step, dims=asdict(dims))
 
+    order = common.BatchOrder(data.frames, args.batch_size, args.seed)
     while step < args.max_steps and not budget.spent():
-        items = common.batch_for_step(data.frames, args.batch_size, args.seed, step)
+        items = order(step)
         ids, lengths, mels, mel_lengths = data.batch(items, args.device)
         guide = guide_weight_at(step, args.guide_weight, args.guide_steps)
         with common.autocast(args.device, args.precision):
