@@ -97,7 +97,7 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
         fatal(str(e))
     echo = (lambda message: None) if settings.quiet else (lambda message: click.echo(message, err=True))
     try:
-        with distributed.joined(group):
+        with distributed.joined(group, settings.device):
             summary = synthesize_corpus(settings, corpus, out_dir, on_notice=echo, group=group)
     except (FatalError, distributed.GroupError) as e:
         fatal(str(e))

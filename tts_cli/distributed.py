@@ -77,8 +77,9 @@ def device_for(group: Group, name: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def joined(group: Group | None) -> Iterator[None]:
-    """Join the job's process group for the block (nothing without a group).
+def joined(group: Group | None, device: str | None = None) -> Iterator[None]:
+    """Join the job's process group for the block (nothing without a group),
+    with ``device`` (this process's GPU, see device_for) as the current one.
 
     gloo, on the CPU, even when the work runs on GPUs: the processes exchange
     a seed and their manifest rows, never tensors, so NCCL would bring nothing,
@@ -87,6 +88,7 @@ def joined(group: Group | None) -> Iterator[None]:
     if group is None:
         yield
         return
+    _make_current(device)
     try:
         dist.init_process_group("gloo", timeout=WAIT)
     except (RuntimeError, ValueError) as e:
@@ -96,6 +98,16 @@ def joined(group: Group | None) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+def _make_current(device: str | None) -> None:
+    """CUDA graph capture, events and Triton launches run on the current GPU,
+    which is GPU 0 unless set; a missing GPU is left for --device's own check."""
+    if device is None or not device.startswith("cuda:") or not torch.cuda.is_available():
+        return
+    index = torch.device(device).index
+    if index < torch.cuda.device_count():
+        torch.cuda.set_device(index)
 
 
 def agree_on_seed(seed: int) -> int:
