@@ -92,6 +92,29 @@ def prenet(model: Tacotron2, frames: Tensor) -> Tensor:
     return frames
 
 
+def decoder_step(dec, training: bool, x: Tensor, ah: Tensor, ac: Tensor, dh: Tensor, dc: Tensor,
+                 weights: Tensor, weights_cum: Tensor, context: Tensor, memory: Tensor,
+                 processed_memory: Tensor, invalid: Tensor) -> tuple[Tensor, ...]:
+    """One teacher-forced decoder step (x: the prenet output of the previous
+    ground-truth frame). A function of tensors only, so --compile can fuse
+    its ~25 small kernels: the step loop is what bounds training speed."""
+    ah, ac = dec.attention_rnn(torch.cat((x, context), 1), (ah, ac))
+    # The reference keeps the dropped-out hidden state as the state.
+    ah = F.dropout(ah, P_ATTENTION_DROPOUT, training)
+    weights_cat = torch.stack((weights, weights_cum), 1)
+    context, weights = dec.attention_layer(ah, memory, processed_memory, weights_cat, invalid)
+    weights_cum = weights_cum + weights
+    dh, dc = dec.decoder_rnn(torch.cat((ah, context), 1), (dh, dc))
+    dh = F.dropout(dh, P_DECODER_DROPOUT, training)
+    hidden_context = torch.cat((dh, context), 1)
+    frame = dec.linear_projection(hidden_context)
+    gate = dec.gate_layer(hidden_context).squeeze(1)
+    return ah, ac, dh, dc, weights, weights_cum, context, frame, gate
+
+
+compiled_step = None   # torch.compile(decoder_step) with --compile
+
+
 def decode_teacher_forced(model: Tacotron2, memory: Tensor, invalid: Tensor, mels: Tensor
                           ) -> tuple[Tensor, Tensor, Tensor]:
     """mels (B, n_mel, T) ground truth -> frames (B, n_mel, T), gate logits
@@ -106,18 +129,13 @@ def decode_teacher_forced(model: Tacotron2, memory: Tensor, invalid: Tensor, mel
     ah, ac, dh, dc = s.attention_hidden, s.attention_cell, s.decoder_hidden, s.decoder_cell
     weights, weights_cum, context = s.attention_weights, s.attention_weights_cum, s.attention_context
     frames, gates, alignments = [], [], []
+    step = compiled_step or decoder_step
     for t in range(steps):
-        ah, ac = dec.attention_rnn(torch.cat((prenet_out[t], context), 1), (ah, ac))
-        # The reference keeps the dropped-out hidden state as the state.
-        ah = F.dropout(ah, P_ATTENTION_DROPOUT, model.training)
-        weights_cat = torch.stack((weights, weights_cum), 1)
-        context, weights = dec.attention_layer(ah, memory, processed_memory, weights_cat, invalid)
-        weights_cum = weights_cum + weights
-        dh, dc = dec.decoder_rnn(torch.cat((ah, context), 1), (dh, dc))
-        dh = F.dropout(dh, P_DECODER_DROPOUT, model.training)
-        hidden_context = torch.cat((dh, context), 1)
-        frames.append(dec.linear_projection(hidden_context))
-        gates.append(dec.gate_layer(hidden_context).squeeze(1))
+        ah, ac, dh, dc, weights, weights_cum, context, frame, gate = step(
+            dec, model.training, prenet_out[t], ah, ac, dh, dc, weights, weights_cum, context,
+            memory, processed_memory, invalid)
+        frames.append(frame)
+        gates.append(gate)
         alignments.append(weights)
     return torch.stack(frames, 2), torch.stack(gates, 1), torch.stack(alignments, 1)
 
@@ -303,6 +321,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--precision", choices=sorted(common.PRECISIONS), default=None)
     p.add_argument("--device", default=device)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--save-every-minutes", type=float, default=2.0)
     p.add_argument("--dims", type=lambda s: dict(_parse_dims(s)), default=None,
@@ -321,6 +340,11 @@ def _parse_dims(text: str):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
+    global compiled_step
+    # Opt-in: the first step then compiles for a minute or two (cached on disk
+    # for later runs on the same machine); dynamic shapes, since batch and
+    # text lengths vary.
+    compiled_step = torch.compile(decoder_step, dynamic=True) if args.compile else None
     train(args)
     return 0
 
