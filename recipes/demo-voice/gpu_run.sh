@@ -25,7 +25,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 start=$(date +%s)
 python3 $R/make_data.py --out runs/data --espeak "$ESPEAK" ${transcripts:+--transcripts "$transcripts"} || exit 1
-[ -f runs/data/mels.pt ] || python3 $R/mel.py --data runs/data || exit 1
+# The mel cache is remade only when the file lists changed since it was made.
+[ runs/data/mels.pt -nt runs/data/train.psv ] || python3 $R/mel.py --data runs/data || exit 1
 echo "data ready after $(( $(date +%s) - start )) s"
 python3 $R/train_tacotron2.py --data runs/data --out runs/tacotron2 --minutes "$minutes" \
     --batch-size 128 > runs/tacotron2.out 2>&1 &

@@ -75,8 +75,11 @@ def speak(espeak: str, voice: str, words_per_minute: int, text: str, out: Path) 
 
 
 def write_filelist(path: Path, rows: list[tuple[str, str]]) -> None:
+    text = "".join(f"{uid}|{line}\n" for uid, line in rows)
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return  # left untouched, so caches newer than it stay valid
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(f"{uid}|{text}\n" for uid, text in rows), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
 
 
