@@ -41,8 +41,10 @@ PUBLISHED_FILES = {
     "waveglow": "waveglow_256channels_universal_v5.pt",
 }
 WHERE_TO_GET = {
-    "tacotron2": "the 'Inference demo' link of github.com/NVIDIA/tacotron2, or NGC's tacotron2 model",
-    "waveglow": "the published-model link of github.com/NVIDIA/waveglow, or NGC's waveglow model",
+    "tacotron2": "NVIDIA's published LJSpeech Tacotron2 (linked from github.com/NVIDIA/tacotron2's "
+                 "README; NGC's Tacotron2 checkpoints load too)",
+    "waveglow": "NVIDIA's published WaveGlow (linked from github.com/NVIDIA/waveglow's README; "
+                "NGC's WaveGlow checkpoints load too)",
 }
 MANIFEST_NAME = "manifest.jsonl"
 # The manifest is rewritten at most this often during a run (and always at the
@@ -109,9 +111,8 @@ def find_checkpoint(kind: str, given: str | None) -> Path:
     for folder in checkpoint_dirs():
         if (folder / name).is_file():
             return folder / name
-    raise FatalError(f"no --{kind} given and no {name} in {checkpoint_dirs()[0]}: "
-                     f"download it from {WHERE_TO_GET[kind]} into checkpoints/, "
-                     f"or pass --{kind} PATH")
+    raise FatalError(f"no --{kind} given and no {name} in {checkpoint_dirs()[0]}; "
+                     f"put {WHERE_TO_GET[kind]} there as {name}, or pass --{kind} PATH")
 
 
 def load_models(settings: Settings) -> tuple[Tacotron2, WaveGlow]:
