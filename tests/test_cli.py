@@ -1,11 +1,11 @@
 """tts-batch end to end through click's CliRunner, on tiny checkpoints."""
-import json
 
 import numpy as np
 import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
+from outputs import manifest
 from tts_cli.cli import main
 from tiny_models import HOP
 
@@ -25,9 +25,6 @@ def run(args, checkpoints, **kwargs):
                                      "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1",
                                      "--quiet"], **kwargs)
 
-
-def manifest(out):
-    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
 
 
 def test_every_line_gets_a_row_and_every_spoken_line_a_wav(tmp_path, tiny_checkpoints):

@@ -1,7 +1,6 @@
 """Killing a real run: SIGKILL at several points, SIGINT and SIGTERM. The
 output directory must stay valid and a re-run must end where one
 uninterrupted run ends."""
-import json
 import os
 import signal
 import subprocess
@@ -9,12 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
 from tiny_models import HOP
+from outputs import assert_same_output
 from tts_cli.cli import main
 from tts_cli.manifest import read_manifest
 
@@ -64,14 +63,6 @@ def assert_valid(out, killed=None):
     if (out / "manifest.jsonl").exists():
         assert len(read_manifest(out / "manifest.jsonl")) == LINES
 
-
-def assert_same_output(out, reference):
-    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
-    assert rows == [json.loads(line) for line in (reference / "manifest.jsonl").read_text().splitlines()]
-    for row in rows:
-        mine = sf.read(out / row["audio_filepath"], dtype="float32")[0]
-        theirs = sf.read(reference / row["audio_filepath"], dtype="float32")[0]
-        np.testing.assert_allclose(mine, theirs, atol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 single process's, resume works across process counts, and a job that lost a
 process is completed by a re-run. Each torchrun launch costs a few seconds,
 so each test launches once."""
-import json
 import os
 import re
 import signal
@@ -12,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
+from outputs import assert_same_output, mtimes
 from tts_cli.cli import main
 from tts_cli.distributed import Group, share
 from tts_cli.manifest import read_manifest
@@ -70,22 +69,7 @@ def write(path, lines):
     return path
 
 
-def manifest(out):
-    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
 
-
-def assert_same_output(out, reference):
-    """The same manifest rows (it has no timing fields) and the same audio."""
-    assert manifest(out) == manifest(reference)
-    for row in manifest(reference):
-        if row["audio_filepath"]:
-            mine = sf.read(out / row["audio_filepath"], dtype="float32")[0]
-            theirs = sf.read(reference / row["audio_filepath"], dtype="float32")[0]
-            np.testing.assert_allclose(mine, theirs, atol=1e-6)
-
-
-def mtimes(out):
-    return {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()}
 
 
 def partial_manifests(out):

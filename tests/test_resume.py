@@ -1,14 +1,13 @@
 """Never lose a line, in process: resume, out-of-memory retries, full disks,
 long lines. (Killing a real process: test_crash.py.)"""
 import errno
-import json
 
-import numpy as np
 import pytest
 import soundfile as sf
 import torch
 from click.testing import CliRunner
 
+from outputs import manifest, assert_same_output, mtimes
 from tts_cli.cli import main
 from tts_cli.engine import Engine
 from tiny_models import HOP
@@ -31,9 +30,6 @@ def synth(corpus, out, checkpoints, *extra, seed=("--seed", "1")):
     return CliRunner().invoke(main, args)
 
 
-def manifest(out):
-    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
-
 
 def write(tmp_path, lines, name="corpus.txt"):
     path = tmp_path / name
@@ -41,18 +37,6 @@ def write(tmp_path, lines, name="corpus.txt"):
     return path
 
 
-def assert_same_output(out, reference):
-    """Same manifest rows and the same audio (to float32 rounding)."""
-    assert manifest(out) == manifest(reference)
-    for row in manifest(reference):
-        if row["audio_filepath"]:
-            mine = sf.read(out / row["audio_filepath"], dtype="float32")[0]
-            theirs = sf.read(reference / row["audio_filepath"], dtype="float32")[0]
-            np.testing.assert_allclose(mine, theirs, atol=1e-6)
-
-
-def mtimes(out):
-    return {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()}
 
 
 def leftovers(out):
