@@ -148,7 +148,7 @@ def test_teacher_forced_pass_reproduces_inference_on_its_own_output(monkeypatch)
     _no_dropout(monkeypatch)
     torch.manual_seed(0)
     dims = train_tacotron2.DEMO_DIMS.__class__(**{
-        **train_tacotron2.DEMO_DIMS.__dict__, **dict(train_tacotron2._parse_dims(TINY_T2))})
+        **train_tacotron2.DEMO_DIMS.__dict__, **common.parse_dims(TINY_T2)})
     model = Tacotron2(dims).eval()
     ids = torch.tensor([[30, 31, 32, 11, 40], [33, 34, 35, 0, 0]])
     lengths = torch.tensor([5, 3])
@@ -213,7 +213,7 @@ TINY_WG = "n_flows=4,n_early_every=2,wn_layers=2,wn_channels=8"
 
 def _tiny_waveglow(seed=0) -> WaveGlow:
     dims = train_waveglow.DEMO_DIMS.__class__(**{
-        **train_waveglow.DEMO_DIMS.__dict__, **dict(train_waveglow._parse_dims(TINY_WG))})
+        **train_waveglow.DEMO_DIMS.__dict__, **common.parse_dims(TINY_WG)})
     model = train_waveglow.build(dims, seed)
     with torch.no_grad():   # non-trivial couplings (build() starts them as identities)
         for wn in model.WN:

@@ -1,6 +1,7 @@
 """What both training scripts share: precision, time budget, checkpoints, logs."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -104,3 +105,37 @@ class BatchOrder:
             self.epoch, self.batches = epoch, epoch_batches(
                 self.lengths, self.batch_size, self.seed, epoch)
         return self.batches[step % self.per_epoch]
+
+
+def training_arguments(description: str, data_help: str, defaults: dict) -> argparse.ArgumentParser:
+    """The options both training scripts share; ``defaults`` sets each
+    script's own max_steps, batch_size, lr and log_every."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--data", type=Path, required=True, help=data_help)
+    p.add_argument("--out", type=Path, required=True, help="checkpoint, log and export folder")
+    p.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of this run")
+    p.add_argument("--max-steps", type=int, default=defaults["max_steps"])
+    p.add_argument("--batch-size", type=int, default=defaults["batch_size"])
+    p.add_argument("--lr", type=float, default=defaults["lr"])
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default=None)
+    p.add_argument("--device", default=device)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--log-every", type=int, default=defaults["log_every"])
+    p.add_argument("--save-every-minutes", type=float, default=2.0)
+    return p
+
+
+def finish_arguments(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    args = p.parse_args(argv)
+    args.precision = args.precision or default_precision(args.device)
+    return args
+
+
+def parse_dims(text: str) -> dict:
+    """'a=1,b=2:3' -> {'a': 1, 'b': (2, 3)}: model size overrides (the tests use tiny ones)."""
+    dims = {}
+    for item in text.split(","):
+        key, value = item.split("=")
+        dims[key] = tuple(int(v) for v in value.split(":")) if ":" in value else int(value)
+    return dims

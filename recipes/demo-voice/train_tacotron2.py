@@ -29,7 +29,6 @@ default on CUDA; fp16 with a GradScaler).
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections import OrderedDict
@@ -308,33 +307,14 @@ def train(args) -> dict:
 
 
 def parse_args(argv: list[str] | None):
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, required=True, help="folder of make_data.py + mel.py")
-    p.add_argument("--out", type=Path, required=True, help="checkpoint, log and export folder")
-    p.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of this run")
-    p.add_argument("--max-steps", type=int, default=1_000_000)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p = common.training_arguments(__doc__.split("\n\n")[0], "folder of make_data.py + mel.py",
+                                  {"max_steps": 1_000_000, "batch_size": 64, "lr": 1e-3, "log_every": 50})
     p.add_argument("--guide-weight", type=float, default=1.0)
     p.add_argument("--guide-steps", type=int, default=4000, help="guided attention fades to 0 by then")
-    p.add_argument("--precision", choices=sorted(common.PRECISIONS), default=None)
-    p.add_argument("--device", default=device)
-    p.add_argument("--seed", type=int, default=1)
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--save-every-minutes", type=float, default=2.0)
-    p.add_argument("--dims", type=lambda s: dict(_parse_dims(s)), default=None,
+    p.add_argument("--dims", type=common.parse_dims, default=None,
                    help="override DEMO_DIMS, e.g. 'embedding_dim=32,attention_rnn_dim=32' (tests)")
-    args = p.parse_args(argv)
-    args.precision = args.precision or common.default_precision(args.device)
-    return args
-
-
-def _parse_dims(text: str):
-    for item in text.split(","):
-        key, value = item.split("=")
-        yield key, tuple(int(v) for v in value.split(":")) if ":" in value else int(value)
+    return common.finish_arguments(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,6 @@ gain on a voice this regular.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import OrderedDict
 from dataclasses import asdict, replace
@@ -39,7 +38,6 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 import common
@@ -303,33 +301,14 @@ def train(args) -> dict:
 
 
 def parse_args(argv: list[str] | None):
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, required=True, help="folder made by make_data.py")
-    p.add_argument("--out", type=Path, required=True, help="checkpoint, log and export folder")
-    p.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of this run")
-    p.add_argument("--max-steps", type=int, default=10_000_000)
-    p.add_argument("--batch-size", type=int, default=32)
+    p = common.training_arguments(__doc__.split("\n\n")[0], "folder made by make_data.py",
+                                  {"max_steps": 10_000_000, "batch_size": 32, "lr": 2e-4, "log_every": 200})
     p.add_argument("--segment", type=int, default=SEGMENT)
-    p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--clip", type=float, default=100.0,
                    help="gradient-norm clip; only catches rare spikes (the reference has none)")
-    p.add_argument("--precision", choices=sorted(common.PRECISIONS), default=None)
-    p.add_argument("--device", default=device)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--log-every", type=int, default=200)
-    p.add_argument("--save-every-minutes", type=float, default=2.0)
-    p.add_argument("--dims", type=lambda s: dict(_parse_dims(s)), default=None,
+    p.add_argument("--dims", type=common.parse_dims, default=None,
                    help="override DEMO_DIMS, e.g. 'n_flows=4,wn_channels=8' (tests)")
-    args = p.parse_args(argv)
-    args.precision = args.precision or common.default_precision(args.device)
-    return args
-
-
-def _parse_dims(text: str):
-    for item in text.split(","):
-        key, value = item.split("=")
-        yield key, int(value)
+    return common.finish_arguments(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
