@@ -104,7 +104,7 @@ def test_a_bad_checkpoint_is_one_line_naming_the_file(tmp_path, tiny_checkpoints
 
 def test_missing_published_checkpoints_say_where_to_get_them(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("tts_cli.pipeline.checkpoint_dirs", lambda: [tmp_path / "checkpoints"])
+    monkeypatch.setattr("tts_cli.voice.checkpoint_dirs", lambda: [tmp_path / "checkpoints"])
     (tmp_path / "c.txt").write_text("hello\n")
     result = CliRunner().invoke(main, ["c.txt", "-o", "out", "--device", "cpu"])
     assert result.exit_code == 2

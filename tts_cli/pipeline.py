@@ -24,28 +24,16 @@ from tts_cli import distributed
 from tts_cli import text as frontend
 from tts_cli.audio import write_mel, write_wav
 from tts_cli.batching import length_sorted_batches
-from tts_cli.checkpoints import (CheckpointError, file_digest, load_tacotron2_weights,
-                                 load_waveglow_weights)
 from tts_cli.config import Settings
 from tts_cli.corpus import NOTHING_TO_SAY, CorpusError, Utterance, read_corpus
 from tts_cli.distributed import Group, GroupError
-from tts_cli.engine import Engine, Job, Result, SynthesisSettings, resolve_device, resolve_precision
+from tts_cli.engine import Engine, Job, Result, resolve_device, resolve_precision
+from tts_cli.errors import FatalError, first_line
 from tts_cli.manifest import ManifestRow, read_manifest, summarize, write_manifest
 from tts_cli.randomness import line_seed
 from tts_cli.splitting import split_text
-from tts_cli.tacotron2 import DecodeSettings, Tacotron2
-from tts_cli.waveglow import WaveGlow
+from tts_cli.voice import make_engine, model_fingerprint
 
-PUBLISHED_FILES = {
-    "tacotron2": "tacotron2_statedict.pt",
-    "waveglow": "waveglow_256channels_universal_v5.pt",
-}
-WHERE_TO_GET = {
-    "tacotron2": "NVIDIA's published LJSpeech Tacotron2 (linked from github.com/NVIDIA/tacotron2's "
-                 "README; NGC's Tacotron2 checkpoints load too)",
-    "waveglow": "NVIDIA's published WaveGlow (linked from github.com/NVIDIA/waveglow's README; "
-                "NGC's WaveGlow checkpoints load too)",
-}
 MANIFEST_NAME = "manifest.jsonl"
 # The manifest is rewritten at most this often during a run (and always at the
 # end): a SIGKILL loses at most this much finished work, and a corpus of many
@@ -53,10 +41,6 @@ MANIFEST_NAME = "manifest.jsonl"
 CHECKPOINT_SECONDS = 2.0
 # Statuses whose WAV a re-run may keep.
 REUSABLE = ("ok", "truncated")
-
-
-class FatalError(Exception):
-    """Stops the run; the message is one line."""
 
 
 class OutputError(FatalError):
@@ -95,73 +79,6 @@ class RunSummary:
         """Audio seconds made by this run per wall second."""
         made = max(self.audio_seconds - self.reused_seconds, 0.0)
         return made / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-
-def checkpoint_dirs() -> list[Path]:
-    """Where published checkpoints are looked for: ./checkpoints, then the
-    checkpoints/ folder of the source tree this package runs from."""
-    dirs = [Path.cwd() / "checkpoints", Path(__file__).resolve().parent.parent / "checkpoints"]
-    return list(dict.fromkeys(d.resolve() for d in dirs))
-
-
-def find_checkpoint(kind: str, given: str | None) -> Path:
-    if given is not None:
-        return Path(given)
-    name = PUBLISHED_FILES[kind]
-    for folder in checkpoint_dirs():
-        if (folder / name).is_file():
-            return folder / name
-    raise FatalError(f"no --{kind} given and no {name} in {checkpoint_dirs()[0]}; "
-                     f"put {WHERE_TO_GET[kind]} there as {name}, or pass --{kind} PATH")
-
-
-def load_models(settings: Settings) -> tuple[Tacotron2, WaveGlow]:
-    paths = {kind: find_checkpoint(kind, getattr(settings, kind)) for kind in PUBLISHED_FILES}
-    try:
-        tacotron2_sd = load_tacotron2_weights(paths["tacotron2"])
-        waveglow_sd = load_waveglow_weights(paths["waveglow"])
-    except CheckpointError as e:
-        raise FatalError(str(e)) from None
-    return (_build(Tacotron2, tacotron2_sd, paths["tacotron2"]),
-            _build(WaveGlow, waveglow_sd, paths["waveglow"]))
-
-
-def _build(model_class, state_dict, path: Path):
-    try:
-        return model_class.from_state_dict(state_dict)
-    except (KeyError, ValueError, RuntimeError, IndexError) as e:
-        raise FatalError(f"{path}: the weights do not form a {model_class.__name__} "
-                         f"({_first_line(e)})") from None
-
-
-def make_engine(settings: Settings, notices: list[str]) -> Engine:
-    try:
-        device = resolve_device(settings.device)
-    except (ValueError, RuntimeError) as e:
-        raise FatalError(str(e)) from None
-    dtype, notice = resolve_precision(device, settings.precision)
-    if notice:
-        notices.append(notice)
-    tacotron2, waveglow = load_models(settings)
-    decode = DecodeSettings(max_decoder_steps=settings.max_decoder_steps,
-                            gate_threshold=settings.gate_threshold,
-                            prenet_dropout=settings.prenet_dropout)
-    synthesis = SynthesisSettings(sigma=settings.sigma,
-                                  denoiser_strength=settings.denoiser_strength, decode=decode)
-    return Engine(tacotron2, waveglow, device, dtype, synthesis)
-
-
-def model_fingerprint(settings: Settings) -> dict[str, str]:
-    """sha256 of both checkpoint files: a resume key must change when the
-    weights change, whatever the files are called. Hashing the ~650 MB
-    WaveGlow takes a few seconds, so it is done once per run."""
-    fingerprint = {}
-    for kind in PUBLISHED_FILES:
-        try:
-            fingerprint[kind] = file_digest(find_checkpoint(kind, getattr(settings, kind)))
-        except CheckpointError as e:
-            raise FatalError(str(e)) from None
-    return fingerprint
 
 
 def audio_identity(settings: Settings, engine: Engine | None,
@@ -638,10 +555,6 @@ class _Progress:
         return False
 
 
-def _first_line(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
-
-
 def _job(ids: list[int], seed: int, frames_per_symbol: float | None, settings: Settings) -> Job:
     if frames_per_symbol is None:
         return Job(ids, seed)
@@ -690,8 +603,8 @@ class _Writer:
 
 def _failure_reason(e: Exception) -> str:
     if isinstance(e, torch.cuda.OutOfMemoryError):
-        return f"out of GPU memory even in a batch of one: {_first_line(e)}"
-    return f"synthesis failed: {_first_line(e)}"
+        return f"out of GPU memory even in a batch of one: {first_line(e)}"
+    return f"synthesis failed: {first_line(e)}"
 
 
 def _truncation(results: list[Result], max_steps: int) -> tuple[str, str | None]:
