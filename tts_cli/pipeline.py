@@ -2,12 +2,8 @@
 -> WAV (and mel) files -> manifest, one row per corpus line in corpus order."""
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import os
 import re
-import secrets
 import signal
 import threading
 import time
@@ -16,31 +12,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import torch
 from tqdm import tqdm
 
-from tts_cli import distributed
+from tts_cli import distributed, resume
 from tts_cli import text as frontend
 from tts_cli.audio import write_mel, write_wav
 from tts_cli.batching import length_sorted_batches
 from tts_cli.config import Settings
 from tts_cli.corpus import NOTHING_TO_SAY, CorpusError, Utterance, read_corpus
 from tts_cli.distributed import Group, GroupError
-from tts_cli.engine import Engine, Job, Result, resolve_device, resolve_precision
+from tts_cli.engine import Engine, Job, Result
 from tts_cli.errors import FatalError, first_line
-from tts_cli.manifest import ManifestRow, read_manifest, summarize, write_manifest
+from tts_cli.manifest import ManifestRow, summarize, write_manifest
 from tts_cli.randomness import line_seed
 from tts_cli.splitting import split_text
-from tts_cli.voice import make_engine, model_fingerprint
+from tts_cli.voice import make_engine
 
-MANIFEST_NAME = "manifest.jsonl"
 # The manifest is rewritten at most this often during a run (and always at the
 # end): a SIGKILL loses at most this much finished work, and a corpus of many
 # small batches does not rewrite a large manifest after every one.
 CHECKPOINT_SECONDS = 2.0
-# Statuses whose WAV a re-run may keep.
-REUSABLE = ("ok", "truncated")
 
 
 class OutputError(FatalError):
@@ -81,26 +73,6 @@ class RunSummary:
         return made / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
-def audio_identity(settings: Settings, engine: Engine | None,
-                   frames_per_symbol: float | None) -> dict:
-    """Everything besides a line's ids and seed that changes its audio."""
-    if engine is not None:
-        # The caller's own models (the benchmark): no files to hash.
-        device, dtype, models = engine.device, engine.dtype, {"engine": "given by the caller"}
-    else:
-        try:
-            device = resolve_device(settings.device)
-        except (ValueError, RuntimeError) as e:
-            raise FatalError(str(e)) from None
-        dtype, models = resolve_precision(device, settings.precision)[0], model_fingerprint(settings)
-    return {"models": models, "device": device.type, "dtype": str(dtype),
-            "sigma": settings.sigma, "denoiser_strength": settings.denoiser_strength,
-            "max_decoder_steps": settings.max_decoder_steps,
-            "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
-            "sample_rate": settings.sample_rate, "sample_format": settings.sample_format,
-            "frames_per_symbol": frames_per_symbol}
-
-
 @dataclass(eq=False)   # identity: two lines are never "equal"
 class _Pending:
     """A line to synthesize: its pieces (one unless cut) and their results."""
@@ -136,12 +108,12 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
         utterances = read_corpus(corpus, settings.format)
     except CorpusError as e:
         raise FatalError(str(e)) from None
-    manifest_path = out_dir / MANIFEST_NAME
-    previous = {} if settings.force else _previous_rows(out_dir)
-    seed, seed_source = _run_seed(settings, previous)
+    manifest_path = out_dir / resume.MANIFEST_NAME
+    previous = {} if settings.force else resume.previous_rows(out_dir)
+    seed, seed_source = resume.run_seed(settings, previous)
     if group is not None:
         seed = _together(group, distributed.agree_on_seed, seed)
-    identity = audio_identity(settings, engine, frames_per_symbol)
+    identity = resume.audio_identity(settings, engine, frames_per_symbol)
     rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
@@ -253,80 +225,23 @@ def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: 
     earlier run finished) and the lines left to synthesize."""
     rows: dict[int, ManifestRow] = {}
     pending = [p for p in (prepare_line(u, seed, rows, settings) for u in utterances) if p is not None]
+    left = []
     for p in pending:
-        p.key = _line_key(p, seed, identity, settings)
-    return rows, [p for p in pending if not _reuse(p, previous.get(p.utterance.id), out_dir, settings, rows)]
-
-
-def _previous_rows(out_dir: Path) -> dict[str, dict]:
-    """The rows earlier runs left, by id: the manifest's, then (newer) those
-    of the partial manifests a torchrun job left when it stopped before
-    merging them; none when there is no manifest."""
-    rows = {}
-    for path in [out_dir / MANIFEST_NAME, *_partial_manifests(out_dir)]:
-        if not path.exists():
-            continue
-        try:
-            rows.update((row["id"], row) for row in read_manifest(path))
-        except (ValueError, OSError) as e:
-            raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
-    return rows
-
-
-def _partial_manifests(out_dir: Path) -> list[Path]:
-    return sorted(out_dir.glob(distributed.PARTIAL_MANIFESTS)) if out_dir.is_dir() else []
+        p.key = resume.line_key(p.pieces, p.utterance.id, seed, identity, settings.piece_pause)
+        kept = resume.reusable_row(previous.get(p.utterance.id), p.key, p.utterance, out_dir, settings)
+        if kept is None:
+            left.append(p)
+        else:
+            rows[p.utterance.line] = kept
+    return rows, left
 
 
 def _remove_partial_manifests(out_dir: Path) -> None:
     try:
-        for path in _partial_manifests(out_dir):
+        for path in resume.partial_manifests(out_dir):
             path.unlink(missing_ok=True)
     except OSError as e:
         raise OutputError(_output_problem(out_dir, e)) from None
-
-
-def _run_seed(settings: Settings, previous: dict[str, dict]) -> tuple[int, str]:
-    """--seed; else the seed the existing manifest recorded, so that a plain
-    re-run continues the same job; else a fresh random one."""
-    if settings.seed is not None:
-        return settings.seed, "given"
-    recorded = [row["seed"] for row in previous.values() if isinstance(row.get("seed"), int)]
-    if recorded:
-        return recorded[0], "from the existing manifest"
-    return secrets.randbelow(2 ** 31), "random"
-
-
-def _line_key(p: _Pending, run_seed: int, identity: dict, settings: Settings) -> str:
-    """Stable hash of everything that decides the line's audio. The pieces'
-    ids cover the text and how it was cut; the pause matters only between pieces."""
-    record = {"pieces": p.pieces, "seed": run_seed, "id": p.utterance.id, **identity}
-    if len(p.pieces) > 1:
-        record["piece_pause"] = settings.piece_pause
-    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _reuse(p: _Pending, old: dict | None, out_dir: Path, settings: Settings,
-           rows: dict[int, ManifestRow]) -> bool:
-    """Keep the earlier run's row and WAV when the key matches and the file is
-    whole: present, at the recorded length and rate."""
-    if old is None or old.get("key") != p.key or old["status"] not in REUSABLE:
-        return False
-    wav = f"wavs/{p.utterance.id}.wav"
-    mel = old.get("mel_filepath") if settings.save_mels else None
-    if old["audio_filepath"] != wav or (settings.save_mels and not (mel and (out_dir / mel).is_file())):
-        return False
-    try:
-        info = sf.info(str(out_dir / wav))
-    except (RuntimeError, OSError):   # missing or unreadable: make it again
-        return False
-    if info.frames != old["num_samples"] or info.samplerate != settings.sample_rate:
-        return False
-    known = {f.name for f in dataclasses.fields(ManifestRow)}
-    row = ManifestRow(**{k: v for k, v in old.items() if k in known})
-    u = p.utterance
-    rows[u.line] = dataclasses.replace(row, line=u.line, text=u.text, mel_filepath=mel)
-    return True
 
 
 def _prepare_output(out_dir: Path, settings: Settings, remove_temp_files: bool = True) -> None:

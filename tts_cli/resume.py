@@ -1,0 +1,111 @@
+"""Resume: what earlier runs left in the output directory, and whether a line
+may keep it.
+
+A line's key hashes everything that decides its audio (its symbol ids and
+how they were cut, its id, the seed, both checkpoint files' contents, every
+audio setting, device type and dtype). A re-run keeps a line's row and WAV
+when the keys match and the WAV is whole; anything else is made again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import secrets
+from pathlib import Path
+
+import soundfile as sf
+
+from tts_cli import distributed
+from tts_cli.config import Settings
+from tts_cli.corpus import Utterance
+from tts_cli.engine import Engine, resolve_device, resolve_precision
+from tts_cli.errors import FatalError
+from tts_cli.manifest import ManifestRow, read_manifest
+from tts_cli.voice import model_fingerprint
+
+MANIFEST_NAME = "manifest.jsonl"
+# Statuses whose WAV a re-run may keep.
+REUSABLE = ("ok", "truncated")
+
+
+def audio_identity(settings: Settings, engine: Engine | None,
+                   frames_per_symbol: float | None) -> dict:
+    """Everything besides a line's ids and seed that changes its audio."""
+    if engine is not None:
+        # The caller's own models (the benchmark): no files to hash.
+        device, dtype, models = engine.device, engine.dtype, {"engine": "given by the caller"}
+    else:
+        try:
+            device = resolve_device(settings.device)
+        except (ValueError, RuntimeError) as e:
+            raise FatalError(str(e)) from None
+        dtype, models = resolve_precision(device, settings.precision)[0], model_fingerprint(settings)
+    return {"models": models, "device": device.type, "dtype": str(dtype),
+            "sigma": settings.sigma, "denoiser_strength": settings.denoiser_strength,
+            "max_decoder_steps": settings.max_decoder_steps,
+            "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
+            "sample_rate": settings.sample_rate, "sample_format": settings.sample_format,
+            "frames_per_symbol": frames_per_symbol}
+
+
+def previous_rows(out_dir: Path) -> dict[str, dict]:
+    """The rows earlier runs left, by id: the manifest's, then (newer) those
+    of the partial manifests a torchrun job left when it stopped before
+    merging them; none when there is no manifest."""
+    rows = {}
+    for path in [out_dir / MANIFEST_NAME, *partial_manifests(out_dir)]:
+        if not path.exists():
+            continue
+        try:
+            rows.update((row["id"], row) for row in read_manifest(path))
+        except (ValueError, OSError) as e:
+            raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
+    return rows
+
+
+def partial_manifests(out_dir: Path) -> list[Path]:
+    return sorted(out_dir.glob(distributed.PARTIAL_MANIFESTS)) if out_dir.is_dir() else []
+
+
+def run_seed(settings: Settings, previous: dict[str, dict]) -> tuple[int, str]:
+    """--seed; else the seed the existing manifest recorded, so that a plain
+    re-run continues the same job; else a fresh random one."""
+    if settings.seed is not None:
+        return settings.seed, "given"
+    recorded = [row["seed"] for row in previous.values() if isinstance(row.get("seed"), int)]
+    if recorded:
+        return recorded[0], "from the existing manifest"
+    return secrets.randbelow(2 ** 31), "random"
+
+
+def line_key(pieces: list[list[int]], line_id: str, run_seed: int, identity: dict,
+             piece_pause: float) -> str:
+    """Stable hash of everything that decides the line's audio. The pieces'
+    ids cover the text and how it was cut; the pause matters only between pieces."""
+    record = {"pieces": pieces, "seed": run_seed, "id": line_id, **identity}
+    if len(pieces) > 1:
+        record["piece_pause"] = piece_pause
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
+                 settings: Settings) -> ManifestRow | None:
+    """The earlier run's row, to keep with its WAV, when the key matches and
+    the file is whole (present, at the recorded length and rate); else None."""
+    if old is None or old.get("key") != key or old["status"] not in REUSABLE:
+        return None
+    wav = f"wavs/{u.id}.wav"
+    mel = old.get("mel_filepath") if settings.save_mels else None
+    if old["audio_filepath"] != wav or (settings.save_mels and not (mel and (out_dir / mel).is_file())):
+        return None
+    try:
+        info = sf.info(str(out_dir / wav))
+    except (RuntimeError, OSError):   # missing or unreadable: make it again
+        return None
+    if info.frames != old["num_samples"] or info.samplerate != settings.sample_rate:
+        return None
+    known = {f.name for f in dataclasses.fields(ManifestRow)}
+    row = ManifestRow(**{k: v for k, v in old.items() if k in known})
+    return dataclasses.replace(row, line=u.line, text=u.text, mel_filepath=mel)
