@@ -25,10 +25,10 @@ import torch
 
 from tts_cli import text as frontend
 from tts_cli.config import Settings, load_settings
-from tts_cli.corpus import read_corpus
-from tts_cli.engine import Engine, Job, SynthesisSettings, resolve_device, resolve_precision
+from tts_cli.engine import PRECISIONS, Engine, Job, resolve_device, resolve_precision
 from tts_cli.pipeline import synthesize_corpus
-from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, DecodeSettings, Tacotron2
+from tts_cli.voice import synthesis_settings
+from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, Tacotron2
 from tts_cli.waveglow import PUBLISHED_DIMS as WAVEGLOW_DIMS, WaveGlow, WaveGlowDims
 
 FRAMES_PER_SYMBOL = 5.7
@@ -142,7 +142,7 @@ class BenchSettings:
 def run_bench(b: BenchSettings, echo=print) -> dict:
     device = resolve_device(b.device)
     dtype, _ = resolve_precision(device, b.precision)
-    precision = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    precision = next(name for name, d in PRECISIONS.items() if d == dtype)
     settings = load_settings(overrides={"batch_size": b.batch_size, "format": b.format,
                                         "device": str(device), "precision": precision,
                                         "quiet": True, "seed": 0})
@@ -152,7 +152,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
 
     _sync(device)
     started = time.perf_counter()
-    engine = Engine(*random_models(), device, dtype, _synthesis(settings))
+    engine = Engine(*random_models(), device, dtype, synthesis_settings(settings))
     _warm_up(engine)
     _sync(device)
     startup = time.perf_counter() - started
@@ -198,7 +198,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
 def _engine(b: BenchSettings) -> Engine:
     device = resolve_device(b.device)
     dtype, _ = resolve_precision(device, b.precision)
-    return Engine(*random_models(), device, dtype, _synthesis(load_settings()))
+    return Engine(*random_models(), device, dtype, synthesis_settings(load_settings()))
 
 
 def profile_only(b: BenchSettings) -> str:
@@ -212,13 +212,6 @@ def _first_lines(corpus: Path, n: int | None, to: Path | None = None) -> Path:
     with open(corpus, "rb") as f:
         to.write_bytes(b"".join(line for _, line in zip(range(n), f)))
     return to
-
-
-def _synthesis(s: Settings) -> SynthesisSettings:
-    return SynthesisSettings(sigma=s.sigma, denoiser_strength=s.denoiser_strength,
-                             decode=DecodeSettings(max_decoder_steps=s.max_decoder_steps,
-                                                   gate_threshold=s.gate_threshold,
-                                                   prenet_dropout=s.prenet_dropout))
 
 
 def _warm_up(engine: Engine) -> None:

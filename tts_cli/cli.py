@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from tts_cli.config import DEFAULT_RECIPE, ConfigError, load_settings
+from tts_cli.config import (CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, SAMPLE_FORMATS,
+                            ConfigError, load_settings)
 
 EXIT_LINE_ERRORS = 1
 EXIT_USAGE = 2
@@ -55,10 +56,10 @@ def main():
               "(default: checkpoints/tacotron2_statedict.pt).")
 @click.option("--waveglow", type=click.Path(dir_okay=False), help="WaveGlow checkpoint "
               "(default: checkpoints/waveglow_256channels_universal_v5.pt).")
-@click.option("--format", "format_", type=click.Choice(["plain", "ljspeech", "tsv"]),
+@click.option("--format", "format_", type=click.Choice(CORPUS_FORMATS),
               help="Corpus format: plain lines (id = line number), ljspeech (id|text), tsv (id<TAB>text). [default: plain]")
 @click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available]")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]),
+@click.option("--precision", type=click.Choice(PRECISION_NAMES),
               help="[default: fp16 on CUDA, fp32 on CPU]")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Most lines per batch. [default: 64]")
 @click.option("--sigma", type=click.FloatRange(min=0), help="WaveGlow noise scale. [default: 0.666]")
@@ -72,7 +73,7 @@ def main():
               help="Prenet dropout at inference, as the reference; 0 is deterministic. [default: 0.5]")
 @click.option("--seed", type=click.IntRange(min=0),
               help="Run seed: each line's randomness derives from it and the line's id. [default: random, recorded in the manifest]")
-@click.option("--sample-format", type=click.Choice(["pcm16", "float32"]),
+@click.option("--sample-format", type=click.Choice(SAMPLE_FORMATS),
               help="WAV sample format. [default: pcm16]")
 @click.option("--save-mels", is_flag=True, default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")
 @click.option("--max-symbols-per-piece", type=click.IntRange(min=0),
@@ -155,14 +156,14 @@ def _per_process(summary) -> str:
 @main.command()
 @click.option("--corpus", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Corpus to run. [default: the first 2,000 LJSpeech transcripts, shipped]")
-@click.option("--format", "format_", type=click.Choice(["plain", "ljspeech", "tsv"]), default="ljspeech",
+@click.option("--format", "format_", type=click.Choice(CORPUS_FORMATS), default="ljspeech",
               show_default=True, help="Corpus format.")
 @click.option("--lines", type=click.IntRange(min=1), help="Use only the first N lines.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--baseline-lines", type=click.IntRange(min=1), default=20, show_default=True,
               help="Lines run through the naive batch-of-one loop for the speed-up ratio.")
 @click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available]")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]))
+@click.option("--precision", type=click.Choice(PRECISION_NAMES))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON here.")
 @click.option("--profile", is_flag=True, help="Only print where WaveGlow's GPU time goes, by kernel.")

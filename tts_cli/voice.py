@@ -73,12 +73,14 @@ def make_engine(settings: Settings, notices: list[str]) -> Engine:
     if notice:
         notices.append(notice)
     tacotron2, waveglow = load_models(settings)
-    decode = DecodeSettings(max_decoder_steps=settings.max_decoder_steps,
-                            gate_threshold=settings.gate_threshold,
-                            prenet_dropout=settings.prenet_dropout)
-    synthesis = SynthesisSettings(sigma=settings.sigma,
-                                  denoiser_strength=settings.denoiser_strength, decode=decode)
-    return Engine(tacotron2, waveglow, device, dtype, synthesis)
+    return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings))
+
+
+def synthesis_settings(s: Settings) -> SynthesisSettings:
+    """The engine's share of the run's settings."""
+    decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
+                            prenet_dropout=s.prenet_dropout)
+    return SynthesisSettings(sigma=s.sigma, denoiser_strength=s.denoiser_strength, decode=decode)
 
 
 def model_fingerprint(settings: Settings) -> dict[str, str]:
