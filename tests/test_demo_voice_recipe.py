@@ -169,6 +169,81 @@ def test_teacher_forced_pass_reproduces_inference_on_its_own_output(monkeypatch)
     torch.testing.assert_close(out["post"], post, atol=1e-5, rtol=1e-4)
 
 
+def _tiny_t2(seed=0) -> Tacotron2:
+    torch.manual_seed(seed)
+    dims = train_tacotron2.DEMO_DIMS.__class__(**{
+        **train_tacotron2.DEMO_DIMS.__dict__, **common.parse_dims(TINY_T2)})
+    return Tacotron2(dims)
+
+
+def test_encoder_without_packing_equals_the_packed_encoder():
+    # CUDA graphs cannot hold pack_padded_sequence (it reads the lengths on
+    # the host); the in-place version must give the same memory and gradients.
+    model = _tiny_t2().train()
+    model.encoder.lstm.train()
+    ids = torch.tensor([[30, 31, 32, 11, 40, 41, 42], [33, 34, 0, 0, 0, 0, 0], [35, 36, 37, 38, 0, 0, 0]])
+    lengths = torch.tensor([7, 2, 4])
+    results = []
+    for static in (False, True):
+        model.zero_grad()
+        torch.manual_seed(1)   # the same encoder dropout masks for both
+        memory, _ = train_tacotron2.encode(model, ids, lengths, static)
+        (memory * torch.linspace(-1, 1, memory.shape[2])).sum().backward()
+        results.append((memory.detach(), model.encoder.lstm.weight_hh_l0_reverse.grad.clone()))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-6, rtol=1e-5)
+
+
+def test_step_padded_to_a_bucket_has_the_eager_steps_losses_and_gradients(monkeypatch):
+    # The captured steps pad every batch to its bucket's text and frame
+    # lengths; with the losses normalised by the batch's own length the
+    # training signal must not change. (BatchNorm held in eval mode: in
+    # training mode its batch statistics include padding, as the reference's do.)
+    _no_dropout(monkeypatch)
+    model = _tiny_t2().eval()
+    ids = torch.tensor([[30, 31, 32, 11, 40], [33, 34, 35, 0, 0]])
+    lengths, mel_lengths = torch.tensor([5, 3]), torch.tensor([9, 6])
+    torch.manual_seed(2)
+    mels = torch.randn(2, 80, 9) * (torch.arange(9) < mel_lengths[:, None])[:, None, :]
+
+    def loss_and_grads(ids, mels, static, frames, guide):
+        model.zero_grad()
+        out = train_tacotron2.forward(model, ids, lengths, mels, mel_lengths, static=static)
+        parts = train_tacotron2.losses(out, mels, lengths, mel_lengths, guide, frames=frames)
+        parts["total"].backward()
+        return parts["total"].detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager = loss_and_grads(ids, mels, False, None, 0.5)
+    padded = loss_and_grads(torch.nn.functional.pad(ids, (0, 4)), torch.nn.functional.pad(mels, (0, 7)),
+                            True, torch.tensor(9.0), torch.tensor(0.5))
+    torch.testing.assert_close(padded[0], eager[0], atol=1e-6, rtol=1e-5)
+    for a, b in zip(padded[1], eager[1]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_packed_checkpoint_resumes_with_the_same_weights_and_second_moments(tmp_path):
+    import portable
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(5, 4)).pow(2).sum().backward()
+        optimizer.step()
+    common.save_checkpoint(tmp_path / "c.pt", model=model.state_dict(), optimizer=optimizer.state_dict(), step=3)
+    assert portable.main(["pack", str(tmp_path / "c.pt"), str(tmp_path / "p.pt")]) == 0
+    assert portable.main(["unpack", str(tmp_path / "p.pt"), str(tmp_path / "u.pt")]) == 0
+    assert (tmp_path / "p.pt").stat().st_size < (tmp_path / "c.pt").stat().st_size
+    restored = torch.optim.Adam(torch.nn.Linear(4, 3).parameters(), lr=1e-3)
+    unpacked = common.load_checkpoint(tmp_path / "u.pt")
+    restored.load_state_dict(unpacked["optimizer"])
+    assert unpacked["step"] == 3 and torch.equal(unpacked["model"]["weight"], model.weight.detach())
+    for i, state in optimizer.state_dict()["state"].items():
+        again = restored.state_dict()["state"][i]
+        assert float(again["step"]) == 3
+        torch.testing.assert_close(again["exp_avg_sq"], state["exp_avg_sq"], rtol=1e-2, atol=0)
+        assert not again["exp_avg"].any()
+
+
 def test_gate_target_turns_on_at_each_utterances_last_frame():
     targets = train_tacotron2.gate_targets(torch.tensor([3, 5]), 5)
     assert targets.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1]]

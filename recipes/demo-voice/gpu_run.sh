@@ -5,9 +5,9 @@
 # runs/data is missing or incomplete (make_data.py skips finished WAVs; the
 # mel cache is rebuilt only when missing), then trains Tacotron2 and WaveGlow
 # side by side for MINUTES each, resuming from runs/*/checkpoint.pt, and puts
-# the exports and logs under $OUT (WaveGlow's export split into 15 MB parts:
-# the device returns files of at most 16 MiB). Join here with
-#   cat demo_waveglow.pt.part-* > checkpoints/demo_waveglow.pt
+# the logs and packed checkpoints under $OUT (in 15 MB parts: the device
+# returns files of at most 16 MiB). Copy the parts into .resume/ here; the
+# next run carries them.
 # With EVAL=1 in the environment it then also synthesizes the held-out lines.
 set -uo pipefail
 minutes=${1:?minutes}
@@ -28,17 +28,34 @@ python3 $R/make_data.py --out runs/data --espeak "$ESPEAK" ${transcripts:+--tran
 # The mel cache is remade only when the file lists changed since it was made.
 [ runs/data/mels.pt -nt runs/data/train.psv ] || python3 $R/mel.py --data runs/data || exit 1
 echo "data ready after $(( $(date +%s) - start )) s"
+# On a fresh machine, resume from the packed checkpoints an earlier run
+# returned (carried in .resume/; see portable.py).
+for m in tacotron2 waveglow; do
+    if [ ! -f runs/$m/checkpoint.pt ] && ls .resume/$m.resume.pt.part-* >/dev/null 2>&1; then
+        cat .resume/$m.resume.pt.part-* > /tmp/$m.resume.pt
+        python3 $R/portable.py unpack /tmp/$m.resume.pt runs/$m/checkpoint.pt || exit 1
+        echo "$m: resumed from .resume/"
+    fi
+done
+# T2_GPU / WG_GPU pick each trainer's GPU on a machine with several.
+CUDA_VISIBLE_DEVICES=${T2_GPU:-${CUDA_VISIBLE_DEVICES:-0}} \
 python3 $R/train_tacotron2.py --data runs/data --out runs/tacotron2 --minutes "$minutes" \
     --batch-size 128 > runs/tacotron2.out 2>&1 &
 t2=$!
+CUDA_VISIBLE_DEVICES=${WG_GPU:-${CUDA_VISIBLE_DEVICES:-0}} \
 python3 $R/train_waveglow.py --data runs/data --out runs/waveglow --minutes "$minutes" \
     > runs/waveglow.out 2>&1
 wait $t2
 tail -n 4 runs/tacotron2.out runs/waveglow.out
-cp runs/tacotron2/demo_tacotron2.pt "$OUT/"
+# What comes back (at most 8 files of 16 MiB): the logs, and both checkpoints
+# packed for the next run (carry them as .resume/); the exports are made from
+# them here: train_*.py --minutes 0 resumes, trains nothing and exports.
 cp runs/tacotron2/log.jsonl "$OUT/tacotron2_log.jsonl"
 cp runs/waveglow/log.jsonl "$OUT/waveglow_log.jsonl"
-split -b 15M runs/waveglow/demo_waveglow.pt "$OUT/demo_waveglow.pt.part-"
+for m in tacotron2 waveglow; do
+    python3 $R/portable.py pack runs/$m/checkpoint.pt /tmp/$m.resume.pt || exit 1
+    split -b 15M /tmp/$m.resume.pt "$OUT/$m.resume.pt.part-"
+done
 # EVAL=1: also speak the 100 held-out lines with the exports (seconds here,
 # ~15 minutes on a 2-core CPU); the WAVs and synth.json come back as a tar in
 # 15 MB parts for `evaluate.py score`, which runs where the recognizer is.

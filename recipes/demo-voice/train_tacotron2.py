@@ -68,8 +68,9 @@ MAX_FRAMES = 1000          # longer utterances are left out (and none is this lo
 # Teacher-forced pass
 
 
-def encode(model: Tacotron2, ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-    """The encoder as trained: dropout after every convolution."""
+def encode(model: Tacotron2, ids: Tensor, lengths: Tensor, static: bool = False) -> tuple[Tensor, Tensor]:
+    """The encoder as trained: dropout after every convolution. ``static``:
+    no host synchronisation (for CUDA graphs), same result."""
     invalid = torch.arange(ids.shape[1], device=ids.device)[None, :] >= lengths[:, None]
     keep = (~invalid).unsqueeze(1)
     x = model.embedding(ids).transpose(1, 2)
@@ -77,11 +78,54 @@ def encode(model: Tacotron2, ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tens
         # Zeroing padded positions first, as inference does, keeps what the
         # convolutions see at the ends of a line the same in both.
         x = F.dropout(F.relu(conv(x * keep.to(x.dtype))), P_DROPOUT, model.training)
+    if static:
+        return bidirectional_lstm_in_place(model.encoder.lstm, x.transpose(1, 2), lengths, invalid), invalid
     packed = torch.nn.utils.rnn.pack_padded_sequence(
         x.transpose(1, 2), lengths.cpu(), batch_first=True, enforce_sorted=False)
     out, _ = model.encoder.lstm(packed)
     out, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])
     return out, invalid
+
+
+def bidirectional_lstm_in_place(lstm: torch.nn.LSTM, x: Tensor, lengths: Tensor, invalid: Tensor) -> Tensor:
+    """The packed bidirectional LSTM's output without packing (which needs the
+    lengths on the host, so a CUDA graph cannot hold it). Forwards, padding
+    comes after each line and cannot reach its valid outputs; backwards, each
+    line is reversed within its own length first, so the reverse weights read
+    it from its true end, then the outputs are put back in place. Outputs past
+    each length are zero, as pad_packed_sequence leaves them."""
+    steps = x.shape[1]
+    t = torch.arange(steps, device=x.device)[None, :]
+    within = lengths[:, None] - 1 - t
+    order = torch.where(t < lengths[:, None], within, t)         # an involution per row
+    one_way = _one_way_lstm(lstm)
+
+    def run(weights_suffix: str, inputs: Tensor) -> Tensor:
+        params = {name: getattr(lstm, name + weights_suffix)
+                  for name in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")}
+        out, _ = torch.func.functional_call(one_way, params, (inputs,))
+        return out
+
+    def reorder(v: Tensor) -> Tensor:
+        return torch.gather(v, 1, order[:, :, None].expand(-1, -1, v.shape[2]))
+
+    forwards = run("", x)
+    backwards = reorder(run("_reverse", reorder(x)))
+    return torch.cat((forwards, backwards), 2).masked_fill(invalid[:, :, None], 0.0)
+
+
+_one_way_lstms: dict[int, torch.nn.LSTM] = {}
+
+
+def _one_way_lstm(lstm: torch.nn.LSTM) -> torch.nn.LSTM:
+    """A one-direction LSTM of the same sizes, whose own weights are never
+    used (functional_call lends it each direction's)."""
+    key = id(lstm)
+    if key not in _one_way_lstms:
+        w = lstm.weight_ih_l0
+        _one_way_lstms[key] = torch.nn.LSTM(lstm.input_size, lstm.hidden_size, batch_first=True,
+                                            device=w.device, dtype=w.dtype)
+    return _one_way_lstms[key]
 
 
 def prenet(model: Tacotron2, frames: Tensor) -> Tensor:
@@ -150,9 +194,9 @@ def postnet(model: Tacotron2, mel: Tensor, keep: Tensor) -> Tensor:
     return x
 
 
-def forward(model: Tacotron2, ids: Tensor, lengths: Tensor, mels: Tensor, mel_lengths: Tensor
-            ) -> dict[str, Tensor]:
-    memory, invalid = encode(model, ids, lengths)
+def forward(model: Tacotron2, ids: Tensor, lengths: Tensor, mels: Tensor, mel_lengths: Tensor,
+            static: bool = False) -> dict[str, Tensor]:
+    memory, invalid = encode(model, ids, lengths, static)
     frames, gates, alignments = decode_teacher_forced(model, memory, invalid, mels)
     valid = torch.arange(mels.shape[2], device=mels.device)[None, :] < mel_lengths[:, None]
     keep = valid.unsqueeze(1).to(frames.dtype)
@@ -178,14 +222,22 @@ def guided_attention_loss(alignments: Tensor, lengths: Tensor, mel_lengths: Tens
 
 
 def losses(out: dict[str, Tensor], mels: Tensor, lengths: Tensor, mel_lengths: Tensor,
-           guide_weight: float) -> dict[str, Tensor]:
+           guide_weight: float | Tensor, frames: Tensor | int | None = None) -> dict[str, Tensor]:
+    """The reference's losses: means over the batch padded to its longest
+    utterance. ``frames`` is that padded length when the tensors are padded
+    further (the captured steps pad to a bucket): the extra frames are zero in
+    both output and target, so sums over them divided by the batch's own
+    count give exactly the means of the unpadded batch."""
+    b, n_mel, steps = mels.shape
+    count = b * (steps if frames is None else frames)
     mels = mels.float()
-    mel_loss = F.mse_loss(out["frames"].float(), mels) + F.mse_loss(out["post"].float(), mels)
+    mel_loss = (F.mse_loss(out["frames"].float(), mels, reduction="sum")
+                + F.mse_loss(out["post"].float(), mels, reduction="sum")) / (count * n_mel)
     gate_loss = F.binary_cross_entropy_with_logits(
-        out["gates"].float(), gate_targets(mel_lengths, mels.shape[2]))
+        out["gates"].float(), gate_targets(mel_lengths, steps), reduction="sum") / count
     total = mel_loss + gate_loss
     parts = {"mel": mel_loss, "gate": gate_loss}
-    if guide_weight > 0:
+    if isinstance(guide_weight, Tensor) or guide_weight > 0:
         parts["guide"] = guided_attention_loss(out["alignments"], lengths, mel_lengths)
         total = total + guide_weight * parts["guide"]
     parts["total"] = total
@@ -206,6 +258,7 @@ class Dataset:
         self.ids = [torch.tensor(frontend.text_to_sequence(line)) for _, line in rows]
         self.mels = [mels[uid] for uid, _ in rows]
         self.frames = [m.shape[1] for m in self.mels]
+        self.n_mel = self.mels[0].shape[0]
 
     def __len__(self) -> int:
         return len(self.mels)
@@ -218,6 +271,104 @@ class Dataset:
         for row, i in enumerate(items):
             mels[row, :, : self.frames[i]] = self.mels[i].float()
         return ids.to(device), lengths.to(device), mels.to(device), mel_lengths.to(device)
+
+
+# --------------------------------------------------------------------------
+# Captured training steps (CUDA)
+
+
+class CapturedSteps:
+    """Whole training steps (forward, backward, clipping, Adam) replayed as
+    CUDA graphs, one per length bucket.
+
+    Eagerly, a step launches ~120 small kernels per frame from Python (2 s
+    per batch of 128 on an H200, the GPU mostly waiting). A graph replays the
+    same kernels with no Python in between. Graphs need fixed shapes, so each
+    batch is padded to its bucket (frames rounded up to ``bucket_frames``,
+    text to the longest line any utterance of that bucket has) and to the full
+    batch size (a short batch repeats its own items); the losses are
+    normalised by the batch's own padded length, so they equal the eager
+    step's. The padded frames cost compute the GPU had idle anyway.
+    bf16 only (a GradScaler's skipped steps cannot be replayed)."""
+
+    def __init__(self, model: Tacotron2, optimizer: torch.optim.Optimizer, data: "Dataset",
+                 batch_size: int, device: str, precision: str, bucket_frames: int = 64):
+        self.model, self.optimizer, self.data = model, optimizer, data
+        self.batch_size, self.device, self.precision = batch_size, device, precision
+        self.bucket_frames = bucket_frames
+        self.text_for_bucket: dict[int, int] = {}
+        for frames, ids in zip(data.frames, data.ids):
+            bucket = self.bucket_of(frames)
+            self.text_for_bucket[bucket] = max(self.text_for_bucket.get(bucket, 1), len(ids))
+        longest = 1
+        for bucket in sorted(self.text_for_bucket):       # longer frames -> at least as long text
+            longest = self.text_for_bucket[bucket] = max(longest, self.text_for_bucket[bucket])
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, Tensor], dict[str, Tensor]]] = {}
+        self.pool = None
+
+    def bucket_of(self, frames: int) -> int:
+        return -(-frames // self.bucket_frames) * self.bucket_frames
+
+    def __call__(self, items: list[int], guide: float) -> tuple[dict[str, Tensor], Tensor]:
+        items = (items * self.batch_size)[: self.batch_size]
+        ids, lengths, mels, mel_lengths = self.data.batch(items, "cpu")
+        bucket = self.bucket_of(mels.shape[2])
+        if bucket not in self.graphs:
+            self.graphs[bucket] = self._capture(bucket)
+        graph, inputs, outputs = self.graphs[bucket]
+        inputs["ids"].zero_()[:, : ids.shape[1]].copy_(ids)
+        inputs["mels"].zero_()[:, :, : mels.shape[2]].copy_(mels)
+        inputs["lengths"].copy_(lengths)
+        inputs["mel_lengths"].copy_(mel_lengths)
+        inputs["frames"].fill_(mels.shape[2])
+        inputs["guide"].fill_(guide)
+        graph.replay()
+        return outputs["parts"], outputs["grad_norm"]
+
+    def _step(self, inputs: dict[str, Tensor]) -> dict:
+        with common.autocast(self.device, self.precision):
+            out = forward(self.model, inputs["ids"], inputs["lengths"], inputs["mels"],
+                          inputs["mel_lengths"], static=True)
+        parts = losses(out, inputs["mels"], inputs["lengths"], inputs["mel_lengths"],
+                       inputs["guide"], frames=inputs["frames"])
+        parts["total"].backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        return {"parts": parts, "grad_norm": grad_norm}
+
+    def _capture(self, bucket: int):
+        b, dev = self.batch_size, self.device
+        inputs = {"ids": torch.zeros(b, self.text_for_bucket[bucket], dtype=torch.long, device=dev),
+                  "lengths": torch.ones(b, dtype=torch.long, device=dev),
+                  "mels": torch.zeros(b, self.data.n_mel, bucket, device=dev),
+                  "mel_lengths": torch.ones(b, dtype=torch.long, device=dev),
+                  "frames": torch.ones((), device=dev), "guide": torch.zeros((), device=dev)}
+        # The graph allocates its own gradients; set_to_none keeps this
+        # capture from adding into another graph's.
+        self.optimizer.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = self._step(inputs)
+        return graph, inputs, outputs
+
+
+def warm_up_for_capture(model: Tacotron2, optimizer, data: "Dataset", order, step: int, args) -> None:
+    """Two eager steps on a side stream before any capture (CUDA libraries set
+    themselves up on first use, which a capture must not see); they are real
+    training steps, not counted in ``step`` (the loop's batches follow it)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for k in range(2):
+            ids, lengths, mels, mel_lengths = data.batch(order(step + k), args.device)
+            with common.autocast(args.device, args.precision):
+                out = forward(model, ids, lengths, mels, mel_lengths, static=True)
+            parts = losses(out, mels, lengths, mel_lengths, torch.zeros((), device=args.device))
+            optimizer.zero_grad(set_to_none=True)
+            parts["total"].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+    torch.cuda.current_stream().wait_stream(side)
 
 
 # --------------------------------------------------------------------------
@@ -242,10 +393,25 @@ def export(model: Tacotron2, path: Path, step: int) -> None:
 # Training loop
 
 
-def build(dims: Tacotron2Dims, device: str, lr: float):
+def build(dims: Tacotron2Dims, device: str, lr: float, captured: bool = False):
     model = Tacotron2(dims).to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr, eps=1e-6, weight_decay=1e-6)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, eps=1e-6, weight_decay=1e-6,
+                                 capturable=captured)
     return model, optimizer
+
+
+def eager_step(model, optimizer, scaler, data: "Dataset", items: list[int], guide: float, args):
+    ids, lengths, mels, mel_lengths = data.batch(items, args.device)
+    with common.autocast(args.device, args.precision):
+        out_tensors = forward(model, ids, lengths, mels, mel_lengths)
+    parts = losses(out_tensors, mels, lengths, mel_lengths, guide)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(parts["total"]).backward()
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    return parts, grad_norm
 
 
 def guide_weight_at(step: int, weight: float, steps: int) -> float:
@@ -258,7 +424,8 @@ def train(args) -> dict:
     budget = common.Budget(args.minutes)
     dims = replace(DEMO_DIMS, **args.dims) if args.dims else DEMO_DIMS
     data = Dataset(args.data)
-    model, optimizer = build(dims, args.device, args.lr)
+    captured = args.graphs and args.device.startswith("cuda") and args.precision != "fp16"
+    model, optimizer = build(dims, args.device, args.lr, captured)
     scaler = common.grad_scaler(args.device, args.precision)
     step = 0
     saved = common.load_checkpoint(out / "checkpoint.pt")
@@ -279,19 +446,22 @@ def train(args) -> dict:
                                step=step, dims=asdict(dims))
 
     order = common.BatchOrder(data.frames, args.batch_size, args.seed)
+    steps, parts = None, None
+    if captured and not budget.spent():
+        warm_up_for_capture(model, optimizer, data, order, step, args)
+        steps = CapturedSteps(model, optimizer, data, args.batch_size, args.device, args.precision)
     while step < args.max_steps and not budget.spent():
         items = order(step)
-        ids, lengths, mels, mel_lengths = data.batch(items, args.device)
         guide = guide_weight_at(step, args.guide_weight, args.guide_steps)
-        with common.autocast(args.device, args.precision):
-            out_tensors = forward(model, ids, lengths, mels, mel_lengths)
-        parts = losses(out_tensors, mels, lengths, mel_lengths, guide)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(parts["total"]).backward()
-        scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(optimizer)
-        scaler.update()
+        if steps is not None:
+            try:
+                parts, grad_norm = steps(items, guide)
+            except RuntimeError as e:   # a capture this machine's CUDA cannot do: go on eagerly
+                log.write(event="graphs off", error=str(e).splitlines()[0][:200])
+                steps = None
+                continue
+        else:
+            parts, grad_norm = eager_step(model, optimizer, scaler, data, items, guide, args)
         step += 1
         if step % args.log_every == 0 or step == 1:
             log.write(step=step, seconds=round(budget.elapsed(), 1), grad_norm=float(grad_norm),
@@ -303,7 +473,7 @@ def train(args) -> dict:
     model.eval()
     export(model, out / "demo_tacotron2.pt", step)
     log.write(event="saved", step=step, seconds=round(budget.elapsed(), 1))
-    return {"step": step, "loss": float(parts["total"].detach()) if step else math.nan}
+    return {"step": step, "loss": float(parts["total"].detach()) if parts else math.nan}
 
 
 def parse_args(argv: list[str] | None):
@@ -312,6 +482,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--guide-weight", type=float, default=1.0)
     p.add_argument("--guide-steps", type=int, default=4000, help="guided attention fades to 0 by then")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
+    p.add_argument("--no-graphs", dest="graphs", action="store_false",
+                   help="on CUDA, run steps eagerly instead of replaying captured graphs")
     p.add_argument("--dims", type=common.parse_dims, default=None,
                    help="override DEMO_DIMS, e.g. 'embedding_dim=32,attention_rnn_dim=32' (tests)")
     return common.finish_arguments(p, argv)
