@@ -1,10 +1,26 @@
 """The voice: which checkpoint files, loaded into which models, on which device.
 
-With no --tacotron2 / --waveglow, NVIDIA's published file names are looked for
-in ./checkpoints, then in the checkpoints/ folder of the source tree.
+Which two files a run uses is decided once, by ``choose_voice``; model loading
+and the resume keys' fingerprint both ask it, so they never disagree:
+
+1. ``--tacotron2`` / ``--waveglow`` (or the recipe's ``tacotron2`` /
+   ``waveglow``): the given files; one not given is NVIDIA's published file,
+   looked for as in 2. The demo voice never stands in for half of a pair.
+2. Neither given: NVIDIA's published file names (``PUBLISHED_FILES``) are
+   looked for in ./checkpoints, then in the checkpoints/ folder of the source
+   tree (``checkpoint_dirs``); both found, they are used.
+3. Otherwise, when both demo files (``DEMO_FILES``, a small voice trained for
+   trying the tool) are found there, the demo voice is used and the run says so
+   in one notice line, naming the published file(s) that would give NVIDIA's
+   voice. This holds when one published file is present too: the two
+   published models only make sense together, so the notice names the missing
+   one rather than ending the run.
+4. Neither pair complete: a run-ending error naming the first missing
+   published file and where to get it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from tts_cli.checkpoints import (CheckpointError, file_digest, load_tacotron2_weights,
@@ -25,35 +41,90 @@ WHERE_TO_GET = {
     "waveglow": "NVIDIA's published WaveGlow (linked from github.com/NVIDIA/waveglow's README; "
                 "NGC's WaveGlow checkpoints load too)",
 }
+# The demo voice (made by recipes/demo-voice), used when NVIDIA's files are not there.
+DEMO_FILES = {
+    "tacotron2": "demo_tacotron2.pt",
+    "waveglow": "demo_waveglow.pt",
+}
+
+
+@dataclass(frozen=True)
+class Voice:
+    """The two checkpoint files a run uses."""
+    tacotron2: Path
+    waveglow: Path
+    demo: bool = False            # the demo voice stands in for NVIDIA's
+    notice: str | None = None     # the one line that says so
+
+    def path(self, kind: str) -> Path:
+        return getattr(self, kind)
+
+
+def choose_voice(settings: Settings) -> Voice:
+    """The files this run uses; the order is in the module docstring."""
+    given = {kind: getattr(settings, kind) for kind in PUBLISHED_FILES}
+    published = {kind: _look_for(name) for kind, name in PUBLISHED_FILES.items()}
+    if any(path is not None for path in given.values()):
+        return Voice(**{kind: Path(given[kind]) if given[kind] is not None
+                        else published[kind] or _missing(kind) for kind in PUBLISHED_FILES})
+    if all(published.values()):
+        return Voice(**published)
+    demo = {kind: _look_for(name) for kind, name in DEMO_FILES.items()}
+    if all(demo.values()):
+        return Voice(**demo, demo=True, notice=_demo_notice(demo, published))
+    return _missing(next(kind for kind, path in published.items() if path is None))
 
 
 def checkpoint_dirs() -> list[Path]:
-    """Where published checkpoints are looked for: ./checkpoints, then the
-    checkpoints/ folder of the source tree this package runs from."""
+    """Where the published checkpoints and the demo voice are looked for:
+    ./checkpoints, then the checkpoints/ folder of the source tree this
+    package runs from."""
     dirs = [Path.cwd() / "checkpoints", Path(__file__).resolve().parent.parent / "checkpoints"]
     return list(dict.fromkeys(d.resolve() for d in dirs))
 
 
-def find_checkpoint(kind: str, given: str | None) -> Path:
-    if given is not None:
-        return Path(given)
-    name = PUBLISHED_FILES[kind]
+def _look_for(name: str) -> Path | None:
     for folder in checkpoint_dirs():
         if (folder / name).is_file():
             return folder / name
+    return None
+
+
+def _missing(kind: str):
+    name = PUBLISHED_FILES[kind]
     raise FatalError(f"no --{kind} given and no {name} in {checkpoint_dirs()[0]}; "
                      f"put {WHERE_TO_GET[kind]} there as {name}, or pass --{kind} PATH")
 
 
-def load_models(settings: Settings) -> tuple[Tacotron2, WaveGlow]:
-    paths = {kind: find_checkpoint(kind, getattr(settings, kind)) for kind in PUBLISHED_FILES}
+def _demo_notice(demo: dict[str, Path], published: dict[str, Path | None]) -> str:
+    folders = {path.parent for path in demo.values()}
+    where = (f"{_shown(folders.pop())}/demo_*.pt" if len(folders) == 1
+             else ", ".join(_shown(path) for path in demo.values()))
+    missing = " and ".join(PUBLISHED_FILES[kind] for kind, path in published.items() if path is None)
+    found = " and ".join(PUBLISHED_FILES[kind] for kind, path in published.items() if path is not None)
+    todo = f"put {missing} in checkpoints/" + (f" too (only {found} was found)" if found else "")
+    return (f"using the demo voice ({where}; robotic, for trying the tool): "
+            f"for NVIDIA's voice {todo} (see checkpoints/README.md)")
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it."""
     try:
-        tacotron2_sd = load_tacotron2_weights(paths["tacotron2"])
-        waveglow_sd = load_waveglow_weights(paths["waveglow"])
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def load_models(settings: Settings, voice: Voice | None = None) -> tuple[Tacotron2, WaveGlow]:
+    """The two models of ``voice``, by default ``choose_voice(settings)``."""
+    voice = voice or choose_voice(settings)
+    try:
+        tacotron2_sd = load_tacotron2_weights(voice.tacotron2)
+        waveglow_sd = load_waveglow_weights(voice.waveglow)
     except CheckpointError as e:
         raise FatalError(str(e)) from None
-    return (_build(Tacotron2, tacotron2_sd, paths["tacotron2"]),
-            _build(WaveGlow, waveglow_sd, paths["waveglow"]))
+    return (_build(Tacotron2, tacotron2_sd, voice.tacotron2),
+            _build(WaveGlow, waveglow_sd, voice.waveglow))
 
 
 def _build(model_class, state_dict, path: Path):
@@ -72,7 +143,10 @@ def make_engine(settings: Settings, notices: list[str]) -> Engine:
     dtype, notice = resolve_precision(device, settings.precision)
     if notice:
         notices.append(notice)
-    tacotron2, waveglow = load_models(settings)
+    voice = choose_voice(settings)
+    if voice.notice:
+        notices.append(voice.notice)
+    tacotron2, waveglow = load_models(settings, voice)
     return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings))
 
 
@@ -84,13 +158,14 @@ def synthesis_settings(s: Settings) -> SynthesisSettings:
 
 
 def model_fingerprint(settings: Settings) -> dict[str, str]:
-    """sha256 of both checkpoint files: a resume key must change when the
-    weights change, whatever the files are called. Hashing the ~650 MB
-    WaveGlow takes a few seconds, so it is done once per run."""
-    fingerprint = {}
+    """sha256 of the two files ``choose_voice`` picks: a resume key must
+    change when the weights change, whatever the files are called (switching
+    between the demo voice and NVIDIA's redoes every line). Hashing the
+    ~650 MB WaveGlow takes a few seconds, so it is done once per run."""
+    voice, fingerprint = choose_voice(settings), {}
     for kind in PUBLISHED_FILES:
         try:
-            fingerprint[kind] = file_digest(find_checkpoint(kind, getattr(settings, kind)))
+            fingerprint[kind] = file_digest(voice.path(kind))
         except CheckpointError as e:
             raise FatalError(str(e)) from None
     return fingerprint

@@ -1,0 +1,168 @@
+"""Which voice a run uses when no checkpoint is given: NVIDIA's published
+files when both are there, else the demo voice, with one notice line.
+
+The checkpoint folders are replaced by temporary ones, so these tests do not
+depend on what the source tree's checkpoints/ holds."""
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from checkpoint_files import write_ngc_tacotron2, write_ngc_waveglow
+from outputs import manifest, mtimes
+from tiny_models import canonical, tiny_tacotron2, tiny_waveglow
+from tts_cli.checkpoints import file_digest
+from tts_cli.cli import main
+from tts_cli.config import Settings
+from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, choose_voice, model_fingerprint
+
+NOTICE = ("using the demo voice (checkpoints/demo_*.pt; robotic, for trying the tool): "
+          "for NVIDIA's voice put tacotron2_statedict.pt and waveglow_256channels_universal_v5.pt "
+          "in checkpoints/ (see checkpoints/README.md)")
+
+
+@pytest.fixture(scope="session")
+def demo_files(tmp_path_factory):
+    """The demo voice's two files as the recipe exports them: NGC layout, fp16."""
+    folder = tmp_path_factory.mktemp("demo")
+    write_ngc_tacotron2(folder / DEMO_FILES["tacotron2"], canonical(tiny_tacotron2(seed=7)), fp16=True)
+    write_ngc_waveglow(folder / DEMO_FILES["waveglow"], canonical(tiny_waveglow(seed=7)), fp16=True)
+    return folder
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A working directory whose ./checkpoints (empty, created) is the only
+    place checkpoints are looked for."""
+    folder = (tmp_path / "checkpoints").resolve()
+    folder.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("tts_cli.voice.checkpoint_dirs", lambda: [folder])
+    (tmp_path / "corpus.txt").write_text("Hello there.\nIt cost $3.50 in 1963.\n")
+    return tmp_path
+
+
+def put(workdir, source, *kinds, names=DEMO_FILES):
+    """Copy the files of `kinds` from `source` (a folder, or a published pair)
+    into the working directory's checkpoints/ under `names`."""
+    for kind in kinds:
+        origin = source / names[kind] if not isinstance(source, tuple) else source[kind == "waveglow"]
+        shutil.copy(origin, workdir / "checkpoints" / names[kind])
+
+
+def publish(workdir, tiny_checkpoints, *kinds):
+    put(workdir, tiny_checkpoints, *(kinds or PUBLISHED_FILES), names=PUBLISHED_FILES)
+
+
+def synth(*extra, out="out"):
+    return CliRunner().invoke(main, ["corpus.txt", "-o", out, "--device", "cpu",
+                                     "--max-decoder-steps", "12", "--seed", "1", *extra])
+
+
+def notices(result):
+    return [line for line in result.output.splitlines() if "demo voice" in line]
+
+
+def test_with_nothing_published_the_demo_voice_speaks_and_says_so_once(workdir, demo_files):
+    put(workdir, demo_files, *DEMO_FILES)
+    result = synth()
+    assert result.exit_code == 0, result.output
+    assert notices(result) == [NOTICE]
+    rows = manifest(workdir / "out")
+    assert [r["status"] in ("ok", "truncated") for r in rows] == [True, True]
+    assert sorted(mtimes(workdir / "out")) == ["000001.wav", "000002.wav"]
+
+
+def test_quiet_hides_the_notice_as_it_hides_the_others(workdir, demo_files):
+    put(workdir, demo_files, *DEMO_FILES)
+    result = synth("--quiet")
+    assert result.exit_code == 0, result.output
+    assert notices(result) == [] and "CPU" not in result.output
+    assert len(mtimes(workdir / "out")) == 2
+
+
+def test_the_published_files_win_over_the_demo_voice(workdir, demo_files, tiny_checkpoints):
+    put(workdir, demo_files, *DEMO_FILES)
+    publish(workdir, tiny_checkpoints)
+    result = synth()
+    assert result.exit_code == 0, result.output
+    assert notices(result) == []
+    voice = choose_voice(Settings())
+    assert not voice.demo and voice.tacotron2.name == PUBLISHED_FILES["tacotron2"]
+
+
+def test_one_published_file_alone_gives_the_demo_voice_naming_the_other(workdir, demo_files,
+                                                                        tiny_checkpoints):
+    put(workdir, demo_files, *DEMO_FILES)
+    publish(workdir, tiny_checkpoints, "tacotron2")
+    result = synth()
+    assert result.exit_code == 0, result.output
+    assert notices(result) == [
+        "using the demo voice (checkpoints/demo_*.pt; robotic, for trying the tool): for NVIDIA's "
+        "voice put waveglow_256channels_universal_v5.pt in checkpoints/ too (only "
+        "tacotron2_statedict.pt was found) (see checkpoints/README.md)"]
+    voice = choose_voice(Settings())
+    assert voice.demo and voice.tacotron2.name == DEMO_FILES["tacotron2"]
+
+
+@pytest.mark.parametrize("demo", [(), ("tacotron2",)], ids=["no demo", "half the demo"])
+def test_with_neither_voice_the_error_says_where_to_get_nvidias(workdir, demo_files, demo):
+    put(workdir, demo_files, *demo)
+    result = synth()
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith("tts-batch: error: ")
+    assert "tacotron2_statedict.pt" in lines[0] and "NVIDIA/tacotron2" in lines[0]
+    assert not (workdir / "out" / "wavs").exists()
+
+
+def test_given_checkpoints_never_mix_with_the_demo_voice(workdir, demo_files, tiny_checkpoints):
+    put(workdir, demo_files, *DEMO_FILES)
+    tacotron2, waveglow = tiny_checkpoints
+    result = synth("--tacotron2", str(tacotron2), "--waveglow", str(waveglow))
+    assert result.exit_code == 0, result.output
+    assert notices(result) == []
+    # One given, the other's published file missing: an error, not half a demo voice.
+    result = synth("--tacotron2", str(tacotron2), out="half")
+    assert result.exit_code == 2
+    assert "no --waveglow given" in result.output and "waveglow_256channels_universal_v5.pt" in result.output
+    # ... and with the other published file there, that one.
+    publish(workdir, tiny_checkpoints, "waveglow")
+    voice = choose_voice(Settings(tacotron2=str(tacotron2)))
+    assert not voice.demo and voice.waveglow == workdir.resolve() / "checkpoints" / PUBLISHED_FILES["waveglow"]
+
+
+def test_a_recipe_naming_checkpoints_counts_as_given(workdir, demo_files, tiny_checkpoints):
+    put(workdir, demo_files, *DEMO_FILES)
+    tacotron2, waveglow = tiny_checkpoints
+    (workdir / "mine.yaml").write_text(f"tacotron2: {tacotron2}\nwaveglow: {waveglow}\n")
+    result = synth("--recipe", "mine.yaml")
+    assert result.exit_code == 0, result.output
+    assert notices(result) == []
+
+
+def test_the_fingerprint_hashes_the_files_the_voice_uses(workdir, demo_files, tiny_checkpoints):
+    put(workdir, demo_files, *DEMO_FILES)
+    demo = {kind: file_digest(demo_files / name) for kind, name in DEMO_FILES.items()}
+    assert model_fingerprint(Settings()) == demo
+    publish(workdir, tiny_checkpoints, "tacotron2")
+    assert model_fingerprint(Settings()) == demo, "one published file alone is not used"
+    publish(workdir, tiny_checkpoints, "waveglow")
+    assert model_fingerprint(Settings()) == {kind: file_digest(path) for kind, path
+                                             in zip(PUBLISHED_FILES, tiny_checkpoints)}
+
+
+def test_switching_from_the_demo_voice_to_nvidias_redoes_every_line(workdir, demo_files,
+                                                                   tiny_checkpoints):
+    put(workdir, demo_files, *DEMO_FILES)
+    assert synth().exit_code == 0
+    before, keys = mtimes(workdir / "out"), [r["key"] for r in manifest(workdir / "out")]
+    again = synth()
+    assert again.exit_code == 0 and "2 reused" in again.output, "same voice: nothing redone"
+    publish(workdir, tiny_checkpoints)
+    result = synth()
+    assert result.exit_code == 0, result.output
+    assert "0 reused" in result.output and notices(result) == []
+    after = mtimes(workdir / "out")
+    assert all(after[name] != stamp for name, stamp in before.items())
+    assert all(new != old for new, old in zip([r["key"] for r in manifest(workdir / "out")], keys))
