@@ -11,10 +11,20 @@ batch-of-one loop of our own models (the reference's way of running).
 Random weights never stop on their own, so every line's decode length is fixed
 at round(5.7 x symbols) frames (LJSpeech's average speaking rate) through the
 benchmark-only frame override; the gate is still computed every step.
+
+Under torchrun (``run_bench_processes``) only the end-to-end run is measured,
+over all processes, one GPU each, with the same random weights everywhere; the
+other measures describe one GPU. ``end_to_end_only`` gives the same figures in
+one process, the single-GPU side of the scaling ratio.
+
+The models come from ``random_models``, looked up when the engine is built:
+the tests put tiny models in its place.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -23,10 +33,12 @@ from pathlib import Path
 
 import torch
 
+from tts_cli import distributed
 from tts_cli import text as frontend
 from tts_cli.config import Settings, load_settings
+from tts_cli.distributed import Group
 from tts_cli.engine import PRECISIONS, Engine, Job, resolve_device, resolve_precision
-from tts_cli.pipeline import synthesize_corpus
+from tts_cli.pipeline import RunSummary, synthesize_corpus
 from tts_cli.voice import synthesis_settings
 from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, Tacotron2
 from tts_cli.waveglow import PUBLISHED_DIMS as WAVEGLOW_DIMS, WaveGlow, WaveGlowDims
@@ -137,31 +149,29 @@ class BenchSettings:
     baseline_lines: int = 20          # lines through the naive batch-of-one loop
     device: str | None = None
     precision: str | None = None
+    end_to_end_only: bool = False     # only the corpus run, as under torchrun
+
+
+SKIPPED_UNDER_TORCHRUN = (
+    "bench: under torchrun only the end-to-end run is measured, over all processes; GPU busy, "
+    "decoder ms per step, WaveGlow TFLOP/s, the naive-loop baseline and --profile describe one "
+    "GPU: plain tts-batch bench gives them")
 
 
 def run_bench(b: BenchSettings, echo=print) -> dict:
-    device = resolve_device(b.device)
-    dtype, _ = resolve_precision(device, b.precision)
-    precision = next(name for name, d in PRECISIONS.items() if d == dtype)
-    settings = load_settings(overrides={"batch_size": b.batch_size, "format": b.format,
-                                        "device": str(device), "precision": precision,
-                                        "quiet": True, "seed": 0})
+    """Every measure, in this process; with ``b.end_to_end_only`` only the corpus run."""
+    device, dtype, settings = _run_settings(b)
+    precision = settings.precision
     corpus = _first_lines(b.corpus, b.lines)
-    echo(f"bench: {device} {torch.cuda.get_device_name(device) if device.type == 'cuda' else ''} "
-         f"{precision}, torch {torch.__version__}, corpus {b.corpus.name}")
-
-    _sync(device)
-    started = time.perf_counter()
-    engine = Engine(*random_models(), device, dtype, synthesis_settings(settings))
-    _warm_up(engine)
-    _sync(device)
-    startup = time.perf_counter() - started
+    echo(_banner(b, device, precision))
+    engine, startup = _ready_engine(device, dtype, settings)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
     with tempfile.TemporaryDirectory() as tmp:
-        summary = synthesize_corpus(settings, corpus, Path(tmp) / "out", on_notice=lambda m: None,
-                                    engine=engine, frames_per_symbol=FRAMES_PER_SYMBOL)
+        summary = _corpus_run(settings, corpus, Path(tmp) / "out", engine)
+        if b.end_to_end_only:
+            return end_to_end_result(b, device, settings, summary, startup)
         peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
         window = _first_lines(b.corpus, min(4 * b.batch_size, summary.counts["ok"] or 1), Path(tmp) / "w.txt")
         busy = gpu_busy_fraction(lambda: synthesize_corpus(
@@ -175,12 +185,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
     ceiling = matmul_ceiling_tflops(device, torch.float16 if dtype == torch.float32 else dtype)
     speed = summary.speed
     result = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "precision": precision, "corpus": str(b.corpus),
-        "lines": len(summary.rows), "batch_size": b.batch_size,
-        "audio_seconds": summary.audio_seconds, "wall_seconds": summary.wall_seconds,
-        "audio_seconds_per_second": speed,
-        "samples_per_second": speed * settings.sample_rate,
+        **_corpus_result(b, device, settings, summary),
         "gpu_busy_fraction": busy,
         "decoder_ms_per_step_batch1": step_ms_1,
         "decoder_frames_per_second_bench_batch": b.batch_size / step_ms_b * 1e3,
@@ -193,6 +198,105 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         "speedup_over_baseline": speed / baseline["speed"] if baseline["speed"] else float("nan"),
     }
     return result
+
+
+def run_bench_processes(b: BenchSettings, group: Group, echo=print) -> dict | None:
+    """The end-to-end run over a torchrun job (inside ``distributed.joined``):
+    each process builds the same random models on its own device
+    (``b.device``, from distributed.device_for) and warms up; then all run
+    the corpus together, sharing one temporary output directory. The result
+    on rank 0, None on the others, which print nothing."""
+    device, dtype, settings = _run_settings(b)
+    corpus = _first_lines(b.corpus, b.lines)
+    if group.rank == 0:
+        echo(_banner(b, device, settings.precision))
+        echo(SKIPPED_UNDER_TORCHRUN)
+    engine, startup = _ready_engine(device, dtype, settings)
+    with _shared_temporary_directory(group) as tmp:
+        distributed.barrier()   # every engine is warm: the wall time starts alike for all
+        summary = _corpus_run(settings, corpus, tmp / "out", engine, group)
+        startups = distributed.gather_to_first(group, startup)
+    if group.rank != 0:
+        return None
+    return end_to_end_result(b, device, settings, summary, max(startups))
+
+
+@contextlib.contextmanager
+def _shared_temporary_directory(group: Group):
+    """One temporary directory for the whole job: rank 0 makes it and sends
+    the others its path. Removed once every process is done with it, by
+    local rank 0 (on several machines each one has its own copy)."""
+    made = tempfile.mkdtemp(prefix="tts-bench-") if group.rank == 0 else None
+    path = Path(distributed.from_first(made))
+    try:
+        yield path
+        distributed.barrier()
+    finally:
+        if group.local_rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _run_settings(b: BenchSettings) -> tuple[torch.device, torch.dtype, Settings]:
+    """The device, its dtype and the pipeline settings the bench runs with."""
+    device = resolve_device(b.device)
+    dtype, _ = resolve_precision(device, b.precision)
+    precision = next(name for name, d in PRECISIONS.items() if d == dtype)
+    settings = load_settings(overrides={"batch_size": b.batch_size, "format": b.format,
+                                        "device": str(device), "precision": precision,
+                                        "quiet": True, "seed": 0})
+    return device, dtype, settings
+
+
+def _banner(b: BenchSettings, device: torch.device, precision: str) -> str:
+    return (f"bench: {device} {torch.cuda.get_device_name(device) if device.type == 'cuda' else ''} "
+            f"{precision}, torch {torch.__version__}, corpus {b.corpus.name}")
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _ready_engine(device: torch.device, dtype: torch.dtype, settings: Settings) -> tuple[Engine, float]:
+    """An engine on random_models(), warmed up, and the seconds that took."""
+    _sync(device)
+    started = time.perf_counter()
+    engine = Engine(*random_models(), device, dtype, synthesis_settings(settings))
+    _warm_up(engine)
+    _sync(device)
+    return engine, time.perf_counter() - started
+
+
+def _corpus_run(settings: Settings, corpus: Path, out: Path, engine: Engine,
+                group: Group | None = None) -> RunSummary:
+    """The corpus end to end through the pipeline, each line's length fixed."""
+    return synthesize_corpus(settings, corpus, out, on_notice=lambda m: None, engine=engine,
+                             frames_per_symbol=FRAMES_PER_SYMBOL, group=group)
+
+
+def _corpus_result(b: BenchSettings, device: torch.device, settings: Settings,
+                   summary: RunSummary) -> dict:
+    """What every bench result reports about the corpus run."""
+    speed = summary.speed
+    return {
+        "device": _device_name(device),
+        "torch": torch.__version__, "precision": settings.precision, "corpus": str(b.corpus),
+        "lines": len(summary.rows), "batch_size": b.batch_size,
+        "audio_seconds": summary.audio_seconds, "wall_seconds": summary.wall_seconds,
+        "audio_seconds_per_second": speed,
+        "samples_per_second": speed * settings.sample_rate,
+    }
+
+
+def end_to_end_result(b: BenchSettings, device: torch.device, settings: Settings,
+                      summary: RunSummary, startup: float) -> dict:
+    """The corpus run alone, in one process or (rank 0's summary) over a
+    torchrun job; ``startup``: the slowest process's build and warm-up."""
+    return {
+        **_corpus_result(b, device, settings, summary),
+        "processes": summary.processes,
+        "audio_seconds_per_second_per_process": summary.speed / summary.processes,
+        "startup_seconds": startup,
+    }
 
 
 def _engine(b: BenchSettings) -> Engine:
@@ -267,10 +371,33 @@ TABLE = [
 ]
 
 
+END_TO_END_TABLE = [
+    ("processes", "processes", "{}"),
+    ("device", "device", "{}"),
+    ("lines", "lines", "{}"),
+    ("audio seconds", "audio_seconds", "{:.1f}"),
+    ("wall seconds", "wall_seconds", "{:.1f}"),
+    ("audio seconds per wall second", "audio_seconds_per_second", "{:.1f}"),
+    ("audio seconds per wall second per process", "audio_seconds_per_second_per_process", "{:.1f}"),
+    ("startup s (build, warm-up; the slowest process)", "startup_seconds", "{:.1f}"),
+]
+
+
 def format_table(r: dict) -> str:
     head = (f"{r['lines']} lines, {r['audio_seconds']:.0f} s of audio, batch {r['batch_size']}, "
             f"{r['precision']}, {r['device']}, torch {r['torch']}")
-    rows = [f"| {name} | {fmt.format(r[key])} |" for name, key, fmt in TABLE]
+    return _markdown_table(head, TABLE, r)
+
+
+def format_end_to_end_table(r: dict) -> str:
+    """The end-to-end run alone (--end-to-end-only, or under torchrun)."""
+    head = (f"end to end only: batch {r['batch_size']}, {r['precision']}, torch {r['torch']}, "
+            f"corpus {Path(r['corpus']).name}")
+    return _markdown_table(head, END_TO_END_TABLE, r)
+
+
+def _markdown_table(head: str, measures: list, r: dict) -> str:
+    rows = [f"| {name} | {fmt.format(r[key])} |" for name, key, fmt in measures]
     return "\n".join([head, "", "| measure | value |", "|---|---|", *rows])
 
 

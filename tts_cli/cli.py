@@ -164,18 +164,43 @@ def _per_process(summary) -> str:
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--baseline-lines", type=click.IntRange(min=1), default=20, show_default=True,
               help="Lines run through the naive batch-of-one loop for the speed-up ratio.")
-@click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available]")
+@click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available; under "
+              "torchrun each process takes the GPU of its LOCAL_RANK]")
 @click.option("--precision", type=click.Choice(PRECISION_NAMES))
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the results as JSON here.")
+              help="Also write the results as JSON here (under torchrun: rank 0 writes it).")
+@click.option("--end-to-end-only", is_flag=True,
+              help="Only the corpus run end to end (audio seconds per wall second, startup): "
+                   "the one-GPU figure to compare a torchrun bench with.")
 @click.option("--profile", is_flag=True, help="Only print where WaveGlow's GPU time goes, by kernel.")
-def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision, json_path, profile):
-    """Benchmark on random full-size weights (no download): one run, one table."""
-    from tts_cli.bench import SAMPLE_CORPUS, BenchSettings, format_table, run_bench, write_json
+def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision, json_path,
+          end_to_end_only, profile):
+    """Benchmark on random full-size weights (no download): one run, one table.
 
+    \b
+    Under torchrun, one process per GPU:
+      torchrun --nproc_per_node=N -m tts_cli bench --batch-size 128 --json N.json
+    only the end-to-end run is measured, over all N processes together (GPU
+    busy, decoder ms per step, TFLOP/s, the naive-loop baseline and --profile
+    describe one GPU and are skipped); rank 0 prints the table. Compare with
+    --end-to-end-only on one GPU for the scaling ratio.
+    """
+    from tts_cli import distributed
+    from tts_cli.bench import (SAMPLE_CORPUS, BenchSettings, format_end_to_end_table, format_table,
+                               run_bench, write_json)
+
+    try:
+        group = distributed.from_environment()
+        if group is not None:
+            device = distributed.device_for(group, device)
+    except distributed.GroupError as e:
+        fatal(str(e))
     settings = BenchSettings(corpus=corpus or SAMPLE_CORPUS, format=format_, lines=lines,
                              batch_size=batch_size, baseline_lines=baseline_lines,
-                             device=device, precision=precision)
+                             device=device, precision=precision, end_to_end_only=end_to_end_only)
+    if group is not None:
+        _bench_processes(settings, group, json_path)
+        return
     if profile:
         from tts_cli.bench import profile_only
         click.echo(profile_only(settings))
@@ -184,6 +209,25 @@ def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision,
         result = run_bench(settings, echo=lambda m: click.echo(m, err=True))
     except ValueError as e:
         fatal(str(e))
-    click.echo(format_table(result))
+    click.echo((format_end_to_end_table if end_to_end_only else format_table)(result))
+    if json_path:
+        write_json(result, json_path)
+
+
+def _bench_processes(settings, group, json_path) -> None:
+    """The bench under torchrun: every process runs its share of the corpus;
+    rank 0 alone prints the table and writes the JSON."""
+    from tts_cli import distributed
+    from tts_cli.bench import format_end_to_end_table, run_bench_processes, write_json
+    from tts_cli.errors import FatalError
+
+    try:
+        with distributed.joined(group, settings.device):
+            result = run_bench_processes(settings, group, echo=lambda m: click.echo(m, err=True))
+    except (ValueError, FatalError, distributed.GroupError) as e:
+        fatal(str(e))
+    if result is None:
+        return
+    click.echo(format_end_to_end_table(result))
     if json_path:
         write_json(result, json_path)

@@ -117,6 +117,13 @@ def agree_on_seed(seed: int) -> int:
     return int(value.item())
 
 
+def from_first(item):
+    """Rank 0's ``item`` (any picklable value, say a path it chose) on every rank."""
+    items = [item]
+    _collective(dist.broadcast_object_list, items, src=0)
+    return items[0]
+
+
 def barrier() -> None:
     _collective(dist.barrier)
 
