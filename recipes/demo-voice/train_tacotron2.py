@@ -103,7 +103,10 @@ def bidirectional_lstm_in_place(lstm: torch.nn.LSTM, x: Tensor, lengths: Tensor,
     def run(weights_suffix: str, inputs: Tensor) -> Tensor:
         params = {name: getattr(lstm, name + weights_suffix)
                   for name in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")}
-        out, _ = torch.func.functional_call(one_way, params, (inputs,))
+        # cuDNN's RNN off: the native one runs fused LSTM cells, which a CUDA
+        # graph is known to hold (as the decoder's cells).
+        with torch.backends.cudnn.flags(enabled=False):
+            out, _ = torch.func.functional_call(one_way, params, (inputs,))
         return out
 
     def reorder(v: Tensor) -> Tensor:
@@ -432,6 +435,8 @@ def train(args) -> dict:
     if saved is not None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
+        for group in optimizer.param_groups:   # the saved groups carry the saving run's mode
+            group["capturable"] = captured
         scaler.load_state_dict(saved["scaler"])
         step = saved["step"]
         log.write(event="resumed", step=step)
