@@ -437,6 +437,10 @@ def train(args) -> dict:
         optimizer.load_state_dict(saved["optimizer"])
         for group in optimizer.param_groups:   # the saved groups carry the saving run's mode
             group["capturable"] = captured
+            for p in group["params"]:            # and a capturable Adam counts steps on the device
+                state = optimizer.state.get(p)
+                if captured and state:
+                    state["step"] = state["step"].to(p.device, torch.float32)
         scaler.load_state_dict(saved["scaler"])
         step = saved["step"]
         log.write(event="resumed", step=step)
