@@ -268,6 +268,10 @@ def test_tacotron2_trains_resumes_and_exports_a_loadable_voice(tone_data, tmp_pa
     log = _log(out)
     assert {"event": "resumed", "step": 2} in log
     assert [r["step"] for r in log if "total" in r] == [1, 2, 3]
+    # Each run ends by decoding a held-out line free-running and logging how it went.
+    checks = [r for r in log if "heldout_stop_rate" in r]
+    assert [r["step"] for r in checks] == [2, 3]
+    assert all(0 <= r["heldout_stop_rate"] <= 1 and r["heldout_duration_ratio"] > 0 for r in checks)
     saved = torch.load(out / "demo_tacotron2.pt", map_location="cpu", weights_only=True)
     assert saved["epoch"] == 3 and all(k.startswith("module.") for k in saved["state_dict"])
     assert saved["state_dict"]["module.embedding.weight"].dtype == torch.float16
@@ -347,6 +351,9 @@ def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_p
     assert {"event": "resumed", "step": 2} in log
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in log if "loss" in r)
+    # Each run ends with a copy-synthesis check of a held-out clip.
+    checks = [r for r in log if "heldout_mel_l1" in r]
+    assert [r["step"] for r in checks] == [2, 3] and all(r["heldout_mel_l1"] > 0 for r in checks)
     saved = torch.load(out / "demo_waveglow.pt", map_location="cpu", weights_only=True)
     names = saved["state_dict"]
     # NGC layout: module. names, weight norm as g/v, one cond layer per WN layer, fp16.

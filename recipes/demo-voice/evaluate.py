@@ -8,6 +8,10 @@ Two steps, so the speech recognizer need not travel to the GPU machine:
            sigma 0.666, denoiser 0.01), speak every line of ``heldout.psv``
            into ``OUT/wavs``; ``OUT/synth.json`` records frames and whether the
            gate stopped each line. Runs on CUDA or CPU.
+``vocode`` WaveGlow alone on espeak-ng's own mels of the same lines (copy
+           synthesis), into the same layout as ``synth``: scored, it tells how
+           much of the word error rate is the vocoder's, so a training run
+           knows which model needs the next minutes.
 ``score``  gate stop rate; each line's duration against espeak-ng's WAV of the
            same line; and, when faster-whisper is installed, the word error
            rate of both the demo voice and espeak-ng under the same recognizer
@@ -33,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from mel import read_filelist
+from mel import MelExtractor, read_filelist, read_wav
 from tts_cli import checkpoints
 from tts_cli import text as frontend
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
@@ -76,9 +80,24 @@ def speak_batch(tacotron2: Tacotron2, waveglow: WaveGlow, denoiser: Denoiser, li
     return out
 
 
-def synth(args) -> dict:
-    import soundfile
+def held_out(args) -> list[tuple[str, str]]:
+    """The held-out (id, text) rows, the first --lines of them when given."""
     rows = read_filelist(args.data / "heldout.psv")
+    return rows[: args.lines] if args.lines else rows
+
+
+def write_clip(path: Path, clip: torch.Tensor) -> None:
+    import soundfile
+    soundfile.write(str(path), clip.clamp(-1, 1).numpy(), SAMPLE_RATE, subtype="PCM_16")
+
+
+def clip_record(clip: torch.Tensor, frames: int, stopped: bool) -> dict:
+    return {"frames": frames, "stopped": stopped,
+            "peak": float(clip.abs().max()), "rms": float(clip.pow(2).mean().sqrt())}
+
+
+def synth(args) -> dict:
+    rows = held_out(args)
     tacotron2, waveglow = load_voice(args.tacotron2, args.waveglow, args.device)
     denoiser = Denoiser.for_model(waveglow, torch.float32)
     settings = DecodeSettings(max_decoder_steps=args.max_decoder_steps)
@@ -91,11 +110,33 @@ def synth(args) -> dict:
         results = speak_batch(tacotron2, waveglow, denoiser, [t for _, t in chunk],
                               args.seed + i, settings)
         for (uid, _), (clip, frames, stopped) in zip(chunk, results):
-            soundfile.write(str(wavs / f"{uid}.wav"), clip.clamp(-1, 1).numpy(), SAMPLE_RATE,
-                            subtype="PCM_16")
-            lines[uid] = {"frames": frames, "stopped": stopped,
-                          "peak": float(clip.abs().max()), "rms": float(clip.pow(2).mean().sqrt())}
+            write_clip(wavs / f"{uid}.wav", clip)
+            lines[uid] = clip_record(clip, frames, stopped)
     record = {"tacotron2": str(args.tacotron2), "waveglow": str(args.waveglow),
+              "seconds": round(time.time() - start, 1), "device": args.device, "lines": lines}
+    (args.out / "synth.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+@torch.inference_mode()
+def vocode(args) -> dict:
+    rows = held_out(args)
+    waveglow = WaveGlow.from_state_dict(checkpoints.load_waveglow_weights(args.waveglow)).to(args.device)
+    denoiser = Denoiser.for_model(waveglow, torch.float32)
+    extract = MelExtractor().to(args.device)
+    wavs = args.out / "wavs"
+    wavs.mkdir(parents=True, exist_ok=True)
+    lines = {}
+    start = time.time()
+    for i, (uid, _) in enumerate(rows):
+        mel = extract(read_wav(args.data / "wavs" / f"{uid}.wav").to(args.device))[None]
+        frames = mel.shape[2]
+        seeds = torch.tensor([args.seed + i], device=args.device)
+        audio = waveglow.infer(mel, torch.tensor([frames], device=args.device), seeds, SIGMA)
+        clip = denoiser(audio[0, : frames * HOP].float(), DENOISER_STRENGTH).cpu()
+        write_clip(wavs / f"{uid}.wav", clip)
+        lines[uid] = clip_record(clip, frames, True)
+    record = {"tacotron2": None, "waveglow": str(args.waveglow), "copy_synthesis": True,
               "seconds": round(time.time() - start, 1), "device": args.device, "lines": lines}
     (args.out / "synth.json").write_text(json.dumps(record, indent=1))
     return record
@@ -151,9 +192,9 @@ def transcriber():
 
 
 def score(args) -> dict:
-    rows = read_filelist(args.data / "heldout.psv")
     synth_record = json.loads((args.out / "synth.json").read_text())
     lines = synth_record["lines"]
+    rows = [(uid, text) for uid, text in held_out(args) if uid in lines]
     ratios = [lines[uid]["frames"] * HOP / SAMPLE_RATE / wav_seconds(args.data / "wavs" / f"{uid}.wav")
               for uid, _ in rows]
     results = {
@@ -194,7 +235,7 @@ def markdown(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("step", choices=("synth", "score"))
+    p.add_argument("step", choices=("synth", "vocode", "score"))
     p.add_argument("--data", type=Path, required=True, help="folder made by make_data.py")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tacotron2", type=Path, default=Path("checkpoints/demo_tacotron2.pt"))
@@ -203,9 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=20)
     p.add_argument("--max-decoder-steps", type=int, default=1000)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--lines", type=int, default=0, help="only the first N held-out lines (quick checks)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    (synth if args.step == "synth" else score)(args)
+    {"synth": synth, "vocode": vocode, "score": score}[args.step](args)
     return 0
 
 

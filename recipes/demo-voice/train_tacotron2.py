@@ -42,7 +42,7 @@ from torch.nn import functional as F
 import common
 from mel import read_filelist
 from tts_cli import text as frontend
-from tts_cli.tacotron2 import Tacotron2, Tacotron2Dims
+from tts_cli.tacotron2 import DecodeSettings, Tacotron2, Tacotron2Dims, decode
 
 # Small enough that Tacotron2 and WaveGlow together stay under 30 MB in fp16
 # (this one: about 4.1 M parameters, 8.2 MB; WaveGlow's upsampler alone takes
@@ -375,6 +375,38 @@ def warm_up_for_capture(model: Tacotron2, optimizer, data: "Dataset", order, ste
 
 
 # --------------------------------------------------------------------------
+# Progress check
+
+
+class HeldOutCheck:
+    """A few held-out lines decoded free-running, as at inference (no ground
+    truth fed back): the share the gate stops before the step limit and their
+    length against espeak-ng's. Teacher-forced losses fall long before the
+    model can speak on its own; this says when it can."""
+
+    def __init__(self, data_folder: Path, device: str, lines: int = 8, max_steps: int = 1000):
+        mels = torch.load(data_folder / "mels.pt", map_location="cpu")
+        rows = [(uid, text) for uid, text in read_filelist(data_folder / "heldout.psv") if uid in mels][:lines]
+        seqs = [torch.tensor(frontend.text_to_sequence(text)) for _, text in rows]
+        self.ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True).to(device)
+        self.lengths = torch.tensor([len(q) for q in seqs], device=device)
+        self.target_frames = torch.tensor([mels[uid].shape[1] for uid, _ in rows], dtype=torch.float32)
+        self.settings = DecodeSettings(max_decoder_steps=max_steps)
+
+    @torch.no_grad()
+    def __call__(self, model: Tacotron2) -> dict[str, float]:
+        model.eval()
+        try:
+            seeds = torch.arange(len(self.lengths), device=self.ids.device)
+            _, frames, truncated = decode(model, self.ids, self.lengths, seeds, self.settings)
+        finally:
+            model.train()
+        ratio = frames.float().cpu() / self.target_frames
+        return {"heldout_stop_rate": float((~truncated).float().mean()),
+                "heldout_duration_ratio": float(ratio.median())}
+
+
+# --------------------------------------------------------------------------
 # Export
 
 
@@ -449,10 +481,14 @@ def train(args) -> dict:
                   utterances=len(data))
     last_save = budget.elapsed()
 
+    check = HeldOutCheck(args.data, args.device) if args.check else None
+
     def save() -> None:
         common.save_checkpoint(out / "checkpoint.pt", model=model.state_dict(),
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                                step=step, dims=asdict(dims))
+        if check is not None:
+            log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model))
 
     order = common.BatchOrder(data.frames, args.batch_size, args.seed)
     steps, parts = None, None
@@ -491,6 +527,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--guide-weight", type=float, default=1.0)
     p.add_argument("--guide-steps", type=int, default=4000, help="guided attention fades to 0 by then")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip decoding held-out lines at each save")
     p.add_argument("--no-graphs", dest="graphs", action="store_false",
                    help="on CUDA, run steps eagerly instead of replaying captured graphs")
     p.add_argument("--dims", type=common.parse_dims, default=None,
