@@ -60,6 +60,64 @@ def load_checkpoint(path: Path) -> dict | None:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def use_graphs(args) -> bool:
+    """Replay whole training steps from CUDA graphs: on CUDA, unless
+    --no-graphs, and not in fp16 (a GradScaler's skipped steps cannot be
+    replayed; bf16 needs no scaler)."""
+    return args.graphs and args.device.startswith("cuda") and args.precision != "fp16"
+
+
+# What a failed capture raises (an operation a graph cannot hold, an optimizer
+# not set up for capture); the training scripts then go on eagerly.
+CAPTURE_ERRORS = (RuntimeError, AssertionError)
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict, captured: bool) -> None:
+    """load_state_dict, then this run's mode: the saved param groups carry the
+    saving run's ``capturable``, and a capturable Adam keeps its step counts on
+    the device."""
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        group["capturable"] = captured
+        for p in group["params"]:
+            entry = optimizer.state.get(p)
+            if captured and entry:
+                entry["step"] = entry["step"].to(p.device, torch.float32)
+
+
+def warm_up_before_capture(step, times: int = 2) -> None:
+    """Run ``step()`` (real training steps) on a side stream before the first
+    capture: CUDA libraries set themselves up on first use, which a capture
+    must not see."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(times):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+class CapturedStep:
+    """A whole training step, ``step(inputs) -> outputs`` (forward, backward,
+    clipping, optimizer), captured once into a CUDA graph over the static
+    tensors ``inputs``; fill them and ``replay()``. Eagerly a step launches
+    thousands of small kernels from Python and the GPU mostly waits; replayed,
+    the same kernels run back to back."""
+
+    def __init__(self, step, inputs: dict, optimizer: torch.optim.Optimizer):
+        # The graph allocates its own gradients; set_to_none keeps this capture
+        # from adding into another graph's (or the warm-up's).
+        optimizer.zero_grad(set_to_none=True)
+        self.inputs = inputs
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = step(inputs)
+
+    def replay(self):
+        self.graph.replay()
+        return self.outputs
+
+
 class Log:
     """One JSON object per line in OUT/log.jsonl (appended across resumed runs)
     and a short line on stdout."""
@@ -123,6 +181,10 @@ def training_arguments(description: str, data_help: str, defaults: dict) -> argp
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--log-every", type=int, default=defaults["log_every"])
     p.add_argument("--save-every-minutes", type=float, default=2.0)
+    p.add_argument("--no-graphs", dest="graphs", action="store_false",
+                   help="on CUDA, run steps eagerly instead of replaying captured graphs")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the held-out progress check at each save")
     return p
 
 

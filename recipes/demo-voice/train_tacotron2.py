@@ -306,8 +306,7 @@ class CapturedSteps:
         longest = 1
         for bucket in sorted(self.text_for_bucket):       # longer frames -> at least as long text
             longest = self.text_for_bucket[bucket] = max(longest, self.text_for_bucket[bucket])
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, Tensor], dict[str, Tensor]]] = {}
-        self.pool = None
+        self.graphs: dict[int, common.CapturedStep] = {}
 
     def bucket_of(self, frames: int) -> int:
         return -(-frames // self.bucket_frames) * self.bucket_frames
@@ -317,15 +316,16 @@ class CapturedSteps:
         ids, lengths, mels, mel_lengths = self.data.batch(items, "cpu")
         bucket = self.bucket_of(mels.shape[2])
         if bucket not in self.graphs:
-            self.graphs[bucket] = self._capture(bucket)
-        graph, inputs, outputs = self.graphs[bucket]
+            self.graphs[bucket] = common.CapturedStep(self._step, self._inputs(bucket), self.optimizer)
+        captured = self.graphs[bucket]
+        inputs = captured.inputs
         inputs["ids"].zero_()[:, : ids.shape[1]].copy_(ids)
         inputs["mels"].zero_()[:, :, : mels.shape[2]].copy_(mels)
         inputs["lengths"].copy_(lengths)
         inputs["mel_lengths"].copy_(mel_lengths)
         inputs["frames"].fill_(mels.shape[2])
         inputs["guide"].fill_(guide)
-        graph.replay()
+        outputs = captured.replay()
         return outputs["parts"], outputs["grad_norm"]
 
     def _step(self, inputs: dict[str, Tensor]) -> dict:
@@ -339,39 +339,30 @@ class CapturedSteps:
         self.optimizer.step()
         return {"parts": parts, "grad_norm": grad_norm}
 
-    def _capture(self, bucket: int):
+    def _inputs(self, bucket: int) -> dict[str, Tensor]:
         b, dev = self.batch_size, self.device
-        inputs = {"ids": torch.zeros(b, self.text_for_bucket[bucket], dtype=torch.long, device=dev),
-                  "lengths": torch.ones(b, dtype=torch.long, device=dev),
-                  "mels": torch.zeros(b, self.data.n_mel, bucket, device=dev),
-                  "mel_lengths": torch.ones(b, dtype=torch.long, device=dev),
-                  "frames": torch.ones((), device=dev), "guide": torch.zeros((), device=dev)}
-        # The graph allocates its own gradients; set_to_none keeps this
-        # capture from adding into another graph's.
-        self.optimizer.zero_grad(set_to_none=True)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = self._step(inputs)
-        return graph, inputs, outputs
+        return {"ids": torch.zeros(b, self.text_for_bucket[bucket], dtype=torch.long, device=dev),
+                "lengths": torch.ones(b, dtype=torch.long, device=dev),
+                "mels": torch.zeros(b, self.data.n_mel, bucket, device=dev),
+                "mel_lengths": torch.ones(b, dtype=torch.long, device=dev),
+                "frames": torch.ones((), device=dev), "guide": torch.zeros((), device=dev)}
 
 
 def warm_up_for_capture(model: Tacotron2, optimizer, data: "Dataset", order, step: int, args) -> None:
-    """Two eager steps on a side stream before any capture (CUDA libraries set
-    themselves up on first use, which a capture must not see); they are real
-    training steps, not counted in ``step`` (the loop's batches follow it)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for k in range(2):
-            ids, lengths, mels, mel_lengths = data.batch(order(step + k), args.device)
-            with common.autocast(args.device, args.precision):
-                out = forward(model, ids, lengths, mels, mel_lengths, static=True)
-            parts = losses(out, mels, lengths, mel_lengths, torch.zeros((), device=args.device))
-            optimizer.zero_grad(set_to_none=True)
-            parts["total"].backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-    torch.cuda.current_stream().wait_stream(side)
+    """Two eager steps before any capture; real training steps, not counted in
+    ``step`` (the loop's batches follow it)."""
+    batches = iter([order(step), order(step + 1)])
+
+    def one_step() -> None:
+        ids, lengths, mels, mel_lengths = data.batch(next(batches), args.device)
+        with common.autocast(args.device, args.precision):
+            out = forward(model, ids, lengths, mels, mel_lengths, static=True)
+        parts = losses(out, mels, lengths, mel_lengths, torch.zeros((), device=args.device))
+        optimizer.zero_grad(set_to_none=True)
+        parts["total"].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    common.warm_up_before_capture(one_step)
 
 
 # --------------------------------------------------------------------------
@@ -459,20 +450,14 @@ def train(args) -> dict:
     budget = common.Budget(args.minutes)
     dims = replace(DEMO_DIMS, **args.dims) if args.dims else DEMO_DIMS
     data = Dataset(args.data)
-    captured = args.graphs and args.device.startswith("cuda") and args.precision != "fp16"
+    captured = common.use_graphs(args)
     model, optimizer = build(dims, args.device, args.lr, captured)
     scaler = common.grad_scaler(args.device, args.precision)
     step = 0
     saved = common.load_checkpoint(out / "checkpoint.pt")
     if saved is not None:
         model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        for group in optimizer.param_groups:   # the saved groups carry the saving run's mode
-            group["capturable"] = captured
-            for p in group["params"]:            # and a capturable Adam counts steps on the device
-                state = optimizer.state.get(p)
-                if captured and state:
-                    state["step"] = state["step"].to(p.device, torch.float32)
+        common.restore_optimizer(optimizer, saved["optimizer"], captured)
         scaler.load_state_dict(saved["scaler"])
         step = saved["step"]
         log.write(event="resumed", step=step)
@@ -501,7 +486,7 @@ def train(args) -> dict:
         if steps is not None:
             try:
                 parts, grad_norm = steps(items, guide)
-            except RuntimeError as e:   # a capture this machine's CUDA cannot do: go on eagerly
+            except common.CAPTURE_ERRORS as e:   # a capture this machine cannot do: go on eagerly
                 log.write(event="graphs off", error=str(e).splitlines()[0][:200])
                 steps = None
                 continue
@@ -527,10 +512,6 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--guide-weight", type=float, default=1.0)
     p.add_argument("--guide-steps", type=int, default=4000, help="guided attention fades to 0 by then")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
-    p.add_argument("--no-check", dest="check", action="store_false",
-                   help="skip decoding held-out lines at each save")
-    p.add_argument("--no-graphs", dest="graphs", action="store_false",
-                   help="on CUDA, run steps eagerly instead of replaying captured graphs")
     p.add_argument("--dims", type=common.parse_dims, default=None,
                    help="override DEMO_DIMS, e.g. 'embedding_dim=32,attention_rnn_dim=32' (tests)")
     return common.finish_arguments(p, argv)

@@ -286,13 +286,14 @@ def train(args) -> dict:
     dims = replace(DEMO_DIMS, **args.dims) if args.dims else DEMO_DIMS
     data = AudioSegments(args.data, args.device)
     model = build(dims, args.seed).to(args.device).train()
-    optimizer = torch.optim.Adam(trainable(model), lr=args.lr)
+    captured = common.use_graphs(args)
+    optimizer = torch.optim.Adam(trainable(model), lr=args.lr, capturable=captured)
     scaler = common.grad_scaler(args.device, args.precision)
     step = 0
     saved = common.load_checkpoint(out / "checkpoint.pt")
     if saved is not None:
         load_trained(model, saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+        common.restore_optimizer(optimizer, saved["optimizer"], captured)
         scaler.load_state_dict(saved["scaler"])
         step = saved["step"]
         log.write(event="resumed", step=step)
@@ -310,19 +311,53 @@ def train(args) -> dict:
         if check is not None:
             log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model))
 
-    loss = torch.tensor(float("nan"))
-    while step < args.max_steps and not budget.spent():
+    def batch(at_step: int) -> tuple[Tensor, Tensor]:
         # Segments are a function of (seed, step): a resumed run continues the sequence.
-        g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-        audio, mel = data.batch(args.batch_size, args.segment, g)
-        z, log_s, log_det = flow_forward(model, audio, mel, args.precision)
+        g = torch.Generator().manual_seed(args.seed * 1_000_003 + at_step)
+        return data.batch(args.batch_size, args.segment, g)
+
+    def graph_step(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        z, log_s, log_det = flow_forward(model, inputs["audio"], inputs["mel"], args.precision)
         loss = waveglow_loss(z, log_s, log_det)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
+        loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), args.clip)
-        scaler.step(optimizer)
-        scaler.update()
+        optimizer.step()
+        return {"loss": loss, "grad_norm": grad_norm}
+
+    loss = torch.tensor(float("nan"))
+    captured_step = None
+    if captured and not budget.spent():
+        # Every step has the same shapes, so one graph serves the whole run;
+        # the two warm-up steps train on the batches of steps -2 and -1.
+        warm_up = iter([batch(-2), batch(-1)])
+
+        def eager_graph_step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            audio, mel = next(warm_up)
+            graph_step({"audio": audio, "mel": mel})
+        common.warm_up_before_capture(eager_graph_step)
+        audio, mel = batch(step)
+        try:
+            captured_step = common.CapturedStep(graph_step, {"audio": audio.clone(), "mel": mel.clone()},
+                                                optimizer)
+        except common.CAPTURE_ERRORS as e:   # a capture this machine cannot do: go on eagerly
+            log.write(event="graphs off", error=str(e).splitlines()[0][:200])
+    while step < args.max_steps and not budget.spent():
+        audio, mel = batch(step)
+        if captured_step is not None:
+            captured_step.inputs["audio"].copy_(audio)
+            captured_step.inputs["mel"].copy_(mel)
+            outputs = captured_step.replay()
+            loss, grad_norm = outputs["loss"], outputs["grad_norm"]
+        else:
+            z, log_s, log_det = flow_forward(model, audio, mel, args.precision)
+            loss = waveglow_loss(z, log_s, log_det)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), args.clip)
+            scaler.step(optimizer)
+            scaler.update()
         step += 1
         if step % args.log_every == 0 or step == 1:
             log.write(step=step, seconds=round(budget.elapsed(), 1), loss=float(loss.detach()),
@@ -341,8 +376,6 @@ def parse_args(argv: list[str] | None):
     p = common.training_arguments(__doc__.split("\n\n")[0], "folder made by make_data.py",
                                   {"max_steps": 10_000_000, "batch_size": 32, "lr": 2e-4, "log_every": 200})
     p.add_argument("--segment", type=int, default=SEGMENT)
-    p.add_argument("--no-check", dest="check", action="store_false",
-                   help="skip the copy-synthesis check of held-out clips at each save")
     p.add_argument("--clip", type=float, default=100.0,
                    help="gradient-norm clip; only catches rare spikes (the reference has none)")
     p.add_argument("--dims", type=common.parse_dims, default=None,
