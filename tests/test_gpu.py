@@ -100,3 +100,19 @@ def test_fused_kernels_equal_the_plain_torch_coupling(monkeypatch):
     err = rel(fused.cpu(), plain.cpu())
     print(f"fused kernels vs plain torch coupling, fp32: rel err {err:.2e}")
     assert err < 1e-4
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2), (torch.bfloat16, 5e-2)])
+def test_matmul_fused_kernels_equal_the_plain_eager_path(dtype, tol):
+    """FastWaveGlow's kernels_mode "matmul" (taps and gate, residual update
+    fused into Triton products), same tolerances as the elementwise kernels."""
+    from tts_cli import kernels
+    assert kernels.available()
+    fast = engine(dtype)
+    plain = fast.eager()
+    fast.fast_waveglow = fast.fast_waveglow.with_kernels("matmul")
+    for r, ref in zip(fast.synthesize(jobs()), plain.synthesize(jobs())):
+        assert r.frames == ref.frames and torch.isfinite(torch.as_tensor(r.audio)).all()
+        audio_err = rel(r.audio, ref.audio)
+        print(f"{dtype}: matmul-fused kernels vs eager audio rel err {audio_err:.2e}")
+        assert audio_err < tol

@@ -23,6 +23,7 @@ the tests put tiny models in its place.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import shutil
 import statistics
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from tts_cli import distributed
+from tts_cli import distributed, kernels
 from tts_cli import text as frontend
 from tts_cli.config import Settings, load_settings
 from tts_cli.distributed import Group
@@ -182,6 +183,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
     step_ms_1 = _decoder_ms_per_step(engine, 1)
     step_ms_b = _decoder_ms_per_step(engine, b.batch_size)
     wg_tflops, wg_executed = _waveglow_tflops(engine)
+    matmul_fused = _waveglow_matmul_fused(engine, wg_tflops)
     ceiling = matmul_ceiling_tflops(device, torch.float16 if dtype == torch.float32 else dtype)
     speed = summary.speed
     result = {
@@ -196,6 +198,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         "baseline_lines": baseline["lines"],
         "baseline_audio_seconds_per_second": baseline["speed"],
         "speedup_over_baseline": speed / baseline["speed"] if baseline["speed"] else float("nan"),
+        **matmul_fused,
     }
     return result
 
@@ -306,7 +309,12 @@ def _engine(b: BenchSettings) -> Engine:
 
 
 def profile_only(b: BenchSettings) -> str:
-    return waveglow_kernel_profile(_engine(b))
+    engine = _engine(b)
+    report = waveglow_kernel_profile(engine)
+    matmul_engine, _ = _matmul_fused_engine(engine)
+    if matmul_engine is not None:
+        report += "\n\nmatmul-fused kernels (kernels_mode=\"matmul\"):\n" + waveglow_kernel_profile(matmul_engine)
+    return report
 
 
 def _first_lines(corpus: Path, n: int | None, to: Path | None = None) -> Path:
@@ -354,6 +362,37 @@ def _waveglow_tflops(engine: Engine) -> tuple[float, float]:
             waveglow_flops_per_sample(d, folded=engine.fast) * samples_per_second / 1e12)
 
 
+def _matmul_fused_engine(engine: Engine) -> tuple[Engine | None, float]:
+    """(the engine with WaveGlow's kernels_mode "matmul": products with the
+    elementwise work fused in, same weights; seconds its autotuning took),
+    or (None, nan) where that path cannot run (no CUDA or no Triton)."""
+    if engine.fast_waveglow is None or engine.device.type != "cuda" or not kernels.available():
+        return None, float("nan")
+    _sync(engine.device)
+    started = time.perf_counter()
+    other = copy.copy(engine)
+    other.fast_waveglow = engine.fast_waveglow.with_kernels("matmul")
+    _sync(engine.device)
+    return other, time.perf_counter() - started
+
+
+def _waveglow_matmul_fused(engine: Engine, elementwise_tflops: float) -> dict:
+    """WaveGlow alone with the matmul-fused kernels, measured like
+    ``_waveglow_tflops`` in the same run: the candidate against the running
+    path as one ratio. Empty where that path cannot run; a failure of this
+    candidate is reported, not raised (the run's other measures stand)."""
+    try:
+        matmul_engine, tune_seconds = _matmul_fused_engine(engine)
+        if matmul_engine is None:
+            return {}
+        tflops, _ = _waveglow_tflops(matmul_engine)
+    except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
+        return {"waveglow_matmul_fused_error": f"{type(e).__name__}: {e}"[:300]}
+    return {"waveglow_matmul_fused_tflops": tflops,
+            "waveglow_matmul_fused_speedup": tflops / elementwise_tflops,
+            "waveglow_matmul_fused_tune_seconds": tune_seconds}
+
+
 TABLE = [
     ("audio seconds per wall second", "audio_seconds_per_second", "{:.1f}"),
     ("samples per second", "samples_per_second", "{:.3g}"),
@@ -362,6 +401,12 @@ TABLE = [
     ("Tacotron2 frames/s at bench batch", "decoder_frames_per_second_bench_batch", "{:.0f}"),
     ("WaveGlow TFLOP/s (reference arithmetic / time)", "waveglow_tflops", "{:.1f}"),
     ("WaveGlow TFLOP/s (arithmetic executed / time)", "waveglow_executed_tflops", "{:.1f}"),
+    # the next four: on CUDA with Triton only
+    ("WaveGlow TFLOP/s, matmul-fused kernels (reference arithmetic)", "waveglow_matmul_fused_tflops", "{:.1f}"),
+    ("WaveGlow speed-up, matmul-fused over elementwise kernels", "waveglow_matmul_fused_speedup", "{:.3f}x"),
+    ("matmul-fused kernels: autotuning s (start-up if made default)", "waveglow_matmul_fused_tune_seconds",
+     "{:.1f}"),
+    ("matmul-fused kernels: failed", "waveglow_matmul_fused_error", "{}"),
     ("matmul ceiling TFLOP/s (measured now)", "matmul_ceiling_tflops", "{:.1f}"),
     ("WaveGlow fraction of ceiling (reference arithmetic)", "waveglow_fraction_of_ceiling", "{:.1%}"),
     ("peak GPU memory GiB", "peak_gpu_memory_gib", "{:.1f}"),
@@ -397,7 +442,7 @@ def format_end_to_end_table(r: dict) -> str:
 
 
 def _markdown_table(head: str, measures: list, r: dict) -> str:
-    rows = [f"| {name} | {fmt.format(r[key])} |" for name, key, fmt in measures]
+    rows = [f"| {name} | {fmt.format(r[key])} |" for name, key, fmt in measures if key in r]
     return "\n".join([head, "", "| measure | value |", "|---|---|", *rows])
 
 

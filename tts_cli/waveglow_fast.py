@@ -21,10 +21,19 @@ the matmul rate on the shapes inside WaveGlow (DESIGN.md):
   the skip weights and the end layer folded together, (L*C, 2*n_half), gives
   the flow's output: per layer only the residual half (C -> C) is computed.
 
+On CUDA with Triton, the elementwise work between the products runs fused
+(kernels.py), in one of two forms (``kernels_mode``): "elementwise", cuBLAS
+products with two fused passes per layer between them (gate; residual add and
+the next layer's taps buffer), or "matmul", our own products with that work
+in their prologue and epilogues (the dilated convolution reads x's shifted
+rows itself and applies the gate; the residual product adds into x), so no
+elementwise pass is left.
+
 Weights are re-laid once at construction; nothing here does I/O.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -114,10 +123,30 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 class FastWaveGlow:
     """Inference-only WaveGlow over re-laid weights; see the module docstring."""
 
-    def __init__(self, model: WaveGlow, dtype: torch.dtype):
+    KERNELS_MODES = ("elementwise", "matmul")
+
+    def __init__(self, model: WaveGlow, dtype: torch.dtype, kernels_mode: str = "elementwise"):
+        """``kernels_mode``: which fused form runs on CUDA with Triton (module
+        docstring); "matmul" autotunes its kernels here, on the weights' device."""
         self.dims = model.dims
         self.dtype = dtype
         self.flows = [_flow_weights(model, k, dtype) for k in range(self.dims.n_flows)]
+        self.kernels_mode = "elementwise"
+        self._set_kernels_mode(kernels_mode)
+
+    def with_kernels(self, kernels_mode: str) -> "FastWaveGlow":
+        """This WaveGlow (the same weights, shared) running ``kernels_mode``."""
+        other = copy.copy(self)
+        other._set_kernels_mode(kernels_mode)
+        return other
+
+    def _set_kernels_mode(self, kernels_mode: str) -> None:
+        if kernels_mode not in self.KERNELS_MODES:
+            raise ValueError(f"kernels_mode must be one of {self.KERNELS_MODES}, not {kernels_mode!r}")
+        self.kernels_mode = kernels_mode
+        device = self.flows[0].start.device
+        if kernels_mode == "matmul" and device.type == "cuda" and kernels.available():
+            kernels.tune(self.flows[0].start.shape[1], self.dtype, device)
 
     def frame_windows(self, mel: Tensor) -> Tensor:
         """(B, n_mel, F) -> (B*F, J*n_mel): frames q-J+1..q for each q, zeros before 0."""
@@ -131,8 +160,9 @@ class FastWaveGlow:
         """WN(a0, mel): (B, T, n_half) -> (B, T, 2*n_half) in the model dtype."""
         x = _linear(a0.to(self.dtype), w.start, w.start_bias)
         cond = torch.addmm(w.cond_bias, windows, w.cond).view(*x.shape[:2], -1)   # (B, T, 2CL)
-        if x.is_cuda and kernels.available():
-            return self._coupling_fused(w, x, cond, keep)
+        fused = self._fused_coupling(x)
+        if fused is not None:
+            return fused(w, x, cond, keep)
         c, layers = w.start.shape[1], len(w.taps)
         acts = x.new_empty(*x.shape[:2], layers * c)            # every layer's gated activations
         for i, taps in enumerate(w.taps):
@@ -143,6 +173,13 @@ class FastWaveGlow:
             if i < layers - 1:
                 x = x + _linear(acts[..., c * i: c * (i + 1)], w.res[i], w.res_bias[i])
         return _linear(acts, w.skip_end, w.skip_end_bias)
+
+    def _fused_coupling(self, x: Tensor):
+        """The fused form of ``coupling`` for x's device and ``kernels_mode``;
+        None: plain torch. (Tests under Triton's CPU interpreter replace it.)"""
+        if not (x.is_cuda and kernels.available()):
+            return None
+        return self._coupling_fused_matmul if self.kernels_mode == "matmul" else self._coupling_fused
 
     def _coupling_fused(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
         """``coupling`` with the elementwise work in two fused kernels per layer."""
@@ -160,6 +197,22 @@ class FastWaveGlow:
             if i < layers - 1:
                 res = torch.addmm(w.res_bias[i], layer_acts, w.res[i])
                 kernels.residual_taps(res, x, keep, taps, t, dilation=2 ** (i + 1))
+        return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
+
+    def _coupling_fused_matmul(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
+        """``coupling`` with two products per layer and no elementwise pass:
+        the dilated convolution reads x's shifted rows itself and applies the
+        gate in its epilogue (kernels.taps_gate); the residual product adds
+        into x in its epilogue (kernels.residual_update). x is updated in place."""
+        b, t, c = x.shape
+        layers = len(w.taps)
+        x, cond, keep = x.reshape(-1, c), cond.reshape(b * t, -1), keep.reshape(-1)
+        acts = x.new_empty(b * t, layers * c)
+        for i, tap_weight in enumerate(w.taps):
+            layer_acts = acts[:, c * i: c * (i + 1)]
+            kernels.taps_gate(x, keep, cond, i, tap_weight, t, 2 ** i, out=layer_acts)
+            if i < layers - 1:
+                kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
         return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
 
     def infer(self, mel: Tensor, frames: Tensor, seeds: Tensor, sigma: float) -> Tensor:

@@ -1,0 +1,144 @@
+"""The matmul-fused Triton kernels (kernels.taps_gate, kernels.residual_update
+and FastWaveGlow's "matmul" coupling) against plain torch, on the CPU, through
+Triton's interpreter.
+
+TRITON_INTERPRET must be set before Triton is imported, so the checks run in a
+fresh Python process: this file run as a script. Skipped where Triton is not
+installed (CI); tests/test_gpu.py checks the same path on a GPU.
+
+The interpreter's tl.dot multiplies bfloat16 operands as their raw bits
+(numpy has no bfloat16), so bfloat16 is checked on the GPU only. Autotuning
+needs a GPU too: here every launch uses one fixed config (kernels._FIXED_CONFIG).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CONFIGS = [  # rows (111 and 672) are a multiple of neither BLOCK_M
+    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2},
+]
+
+
+def worst(got, expected) -> float:
+    """Max abs difference; NaN anywhere counts as infinitely wrong."""
+    return (got.float() - expected).abs().nan_to_num(nan=float("inf")).max().item()
+
+
+def kernel_errors(dtype_name: str) -> dict:
+    """Max abs errors of both kernels against torch, per config and layer, on
+    B=3 items of T=37 steps (valid lengths 37, 20, 5), C=32, L=3, d=1, 2, 4."""
+    import torch
+    from tts_cli import kernels
+    from tts_cli.waveglow_fast import shifted_taps
+    dtype = getattr(torch, dtype_name)
+    errors = {"taps_gate": 0.0, "residual_update": 0.0}
+    for config in CONFIGS:
+        kernels._FIXED_CONFIG = config
+        torch.manual_seed(0)
+        b, t, c, layers = 3, 37, 32, 3
+        keep = (torch.arange(t)[None] < torch.tensor([37, 20, 5])[:, None]).to(dtype)
+        x = torch.randn(b, t, c).to(dtype)
+        x[1, 25:] = float("nan")      # past an item's length nothing may be read
+        cond = torch.randn(b * t, 2 * c * layers).to(dtype)
+        acts = torch.full((b * t, layers * c), float("nan"), dtype=dtype)
+        for i in range(layers):
+            d, cols = 2 ** i, slice(c * i, c * (i + 1))
+            w_taps = (torch.randn(3 * c, 2 * c) / (3 * c) ** 0.5).to(dtype)
+            kernels.taps_gate(x.view(-1, c), keep.view(-1), cond, i, w_taps, t, d, out=acts[:, cols])
+            kept = torch.where(keep[..., None] > 0, x.float(), 0.0)
+            z = shifted_taps(kept, d).view(-1, 3 * c) @ w_taps.float() + cond[:, 2 * c * i: 2 * c * (i + 1)].float()
+            gated = torch.tanh(z[:, :c]) * torch.sigmoid(z[:, c:])
+            errors["taps_gate"] = max(errors["taps_gate"], worst(acts[:, cols], gated))
+            w_res, b_res = (torch.randn(c, c) / c ** 0.5).to(dtype), torch.randn(c).to(dtype)
+            updated = x.view(-1, c).float() + acts[:, cols].float() @ w_res.float() + b_res.float()
+            kernels.residual_update(acts[:, cols], w_res, b_res, x.view(-1, c))
+            ok = ~updated.isnan()
+            assert torch.equal(x.view(-1, c).isnan(), ~ok)
+            errors["residual_update"] = max(errors["residual_update"], worst(x.view(-1, c)[ok], updated[ok]))
+    return errors
+
+
+def coupling_errors(dtype_name: str) -> dict:
+    """Relative errors (C=32, L=3, 4 flows; items of 4, 7 and 2 frames, so
+    T = 224 steps) of each flow's coupling output, the matmul-fused form
+    against the plain torch one in the same dtype, and of whole WaveGlow
+    inverses: the matmul-fused against the plain one, and each against the
+    float32 model."""
+    import dataclasses
+    import torch
+    from tts_cli import kernels
+    from tts_cli.waveglow import WaveGlow
+    from tts_cli.waveglow_fast import FastWaveGlow
+    from tiny_models import N_MEL, WAVEGLOW_DIMS
+    dtype = getattr(torch, dtype_name)
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()
+    kernels._FIXED_CONFIG = CONFIGS[1]
+    torch.manual_seed(3)
+    model = WaveGlow(dataclasses.replace(WAVEGLOW_DIMS, wn_layers=3, wn_channels=32))
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.05)
+    for conv in model.convinv:
+        q, _ = torch.linalg.qr(torch.randn(conv.conv.weight.shape[0], conv.conv.weight.shape[0]))
+        conv.conv.weight.data = q[:, :, None]
+    model.eval()
+    frames = torch.tensor([4, 7, 2])
+    mel = torch.randn(3, N_MEL, 7) * (torch.arange(7)[None, None, :] < frames[:, None, None])
+    seeds = torch.tensor([5, 6, 7])
+    with torch.inference_mode():
+        reference = model.infer(mel, frames, seeds, sigma=0.666)
+        plain = FastWaveGlow(model, dtype)
+        matmul = FastWaveGlow(model, dtype, kernels_mode="matmul")
+        matmul._fused_coupling = lambda x: matmul._coupling_fused_matmul   # CPU, interpreted
+        got_plain = plain.infer(mel, frames, seeds, 0.666)
+        got_matmul = matmul.infer(mel, frames, seeds, 0.666)
+        windows = plain.frame_windows(mel)
+        keep = (torch.arange(7 * 32)[None, :] < frames[:, None] * 32)[..., None].to(dtype)
+        coupling = 0.0
+        for w in plain.flows:
+            a0 = torch.randn(3, 7 * 32, w.start.shape[0])
+            expected = plain.coupling(w, a0, windows, keep).float()
+            coupling = max(coupling, rel(matmul.coupling(w, a0, windows, keep).float(), expected))
+    assert got_matmul.isfinite().all()
+    return {"coupling_matmul_vs_plain": coupling, "matmul_vs_plain": rel(got_matmul, got_plain), "matmul_vs_fp32_model": rel(got_matmul, reference),
+            "plain_vs_fp32_model": rel(got_plain, reference)}
+
+
+def interpreted(check: str, dtype: str) -> dict:
+    """``check(dtype)`` run in a fresh process under Triton's interpreter."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, __file__, check, dtype], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"{check} {dtype}: {result}")
+    return result
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-2)])
+def test_matmul_kernels_equal_torch_under_the_interpreter(dtype, tol):
+    pytest.importorskip("triton")
+    errors = interpreted("kernel_errors", dtype)
+    # float16: one rounding of values up to ~8 (half an ulp: 4e-3)
+    assert errors["taps_gate"] < tol and errors["residual_update"] < tol
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-2)])
+def test_matmul_coupling_equals_the_plain_coupling_under_the_interpreter(dtype, tol):
+    pytest.importorskip("triton")
+    errors = interpreted("coupling_errors", dtype)
+    assert errors["coupling_matmul_vs_plain"] < tol and errors["matmul_vs_plain"] < tol
+    # fp32 accumulation with one rounding: no less accurate than cuBLAS's products
+    assert errors["matmul_vs_fp32_model"] < 1.5 * errors["plain_vs_fp32_model"] + 1e-5
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    print(json.dumps(globals()[sys.argv[1]](sys.argv[2])))
