@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from tts_cli import distributed, resume
+from tts_cli import distributed, output_lock, resume
 from tts_cli import text as frontend
 from tts_cli.audio import write_mel, write_wav
 from tts_cli.batching import length_sorted_batches
@@ -108,6 +108,15 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
         utterances = read_corpus(corpus, settings.format)
     except CorpusError as e:
         raise FatalError(str(e)) from None
+    with output_lock.held(out_dir, group):
+        return _synthesize(settings, utterances, out_dir, on_notice, engine, frames_per_symbol, group)
+
+
+def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice,
+                engine: Engine | None, frames_per_symbol: float | None,
+                group: Group | None) -> RunSummary:
+    """``synthesize_corpus`` once the corpus is read and the output directory
+    is this run's."""
     manifest_path = out_dir / resume.MANIFEST_NAME
     previous = {} if settings.force else resume.previous_rows(out_dir)
     seed, seed_source = resume.run_seed(settings, previous)
