@@ -14,9 +14,24 @@ def lines(*lengths):
     return [torch.randint(12, 64, (n,), generator=g).tolist() for n in lengths]
 
 
-@pytest.mark.parametrize("override", [None, [5, 40, 17]], ids=["gate", "forced-lengths"])
-def test_static_buffer_decoder_equals_the_eager_one(override):
-    model = tiny_tacotron2(seed=6)
+def sharp_gate(seed: int, scale: float, bias: float):
+    """A tiny model whose gate swings enough to fire at different steps per
+    row (random tiny weights alone stop every row at the first step)."""
+    model = tiny_tacotron2(seed=seed)
+    gate = model.decoder.gate_layer.linear_layer
+    gate.weight.data *= scale
+    gate.bias.data.fill_(bias)
+    return model
+
+
+@pytest.mark.parametrize("override, model", [
+    (None, lambda: tiny_tacotron2(seed=6)),                 # every row stops at the first step
+    (None, lambda: sharp_gate(1, 10.0, -1.0)),              # stops at 19, 16, 9: inside graphs
+    (None, lambda: sharp_gate(0, 10.0, -2.0)),              # 13 and two rows to the limit
+    ([5, 40, 17], lambda: tiny_tacotron2(seed=6)),
+], ids=["gate-at-once", "gate-mid-graph", "gate-and-limit", "forced-lengths"])
+def test_static_buffer_decoder_equals_the_eager_one(override, model):
+    model = model()
     cfg = DecodeSettings(max_decoder_steps=40)
     ids, lengths = pad_sequences(lines(7, 45, 3))        # 3 rows -> a bucket of 4; 45 -> 64 symbols
     seeds = torch.tensor([4, 5, 6])
