@@ -118,6 +118,13 @@ class CapturedStep:
         return self.outputs
 
 
+def gpu_memory(device: str) -> dict[str, float]:
+    """Peak GPU memory so far, for the log (nothing on CPU)."""
+    if not device.startswith("cuda"):
+        return {}
+    return {"peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)}
+
+
 class Log:
     """One JSON object per line in OUT/log.jsonl (appended across resumed runs)
     and a short line on stdout."""

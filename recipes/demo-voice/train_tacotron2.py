@@ -473,7 +473,8 @@ def train(args) -> dict:
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                                step=step, dims=asdict(dims))
         if check is not None:
-            log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model))
+            log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model),
+                      **common.gpu_memory(args.device))
 
     order = common.BatchOrder(data.frames, args.batch_size, args.seed)
     steps, parts = None, None

@@ -309,7 +309,8 @@ def train(args) -> dict:
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                                step=step, dims=asdict(dims))
         if check is not None:
-            log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model))
+            log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model),
+                      **common.gpu_memory(args.device))
 
     def batch(at_step: int) -> tuple[Tensor, Tensor]:
         # Segments are a function of (seed, step): a resumed run continues the sequence.
