@@ -331,6 +331,26 @@ def test_forward_flow_is_inverted_by_tts_cli_inference(monkeypatch):
     torch.testing.assert_close(back, audio, atol=1e-4, rtol=1e-4)
 
 
+def test_log_determinant_without_cusolver_equals_torch_logdet_in_value_and_gradient():
+    # The captured WaveGlow step cannot hold a cuSOLVER factorisation; its
+    # Cholesky-based log|det| must be the reference's torch.logdet.
+    torch.manual_seed(4)
+    weights = []
+    for n in (8, 8, 6, 6, 4):
+        q, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64))
+        w = q + 0.3 * torch.randn(n, n, dtype=torch.float64)   # a rotation, moved as training moves it
+        if torch.det(w) < 0:
+            w[0] = -w[0]
+        weights.append(w.requires_grad_())
+    ours = train_waveglow.total_log_abs_det(weights)
+    reference = sum(torch.logdet(w) for w in weights)
+    torch.testing.assert_close(ours, reference, rtol=1e-10, atol=1e-10)
+    grads = torch.autograd.grad(ours, weights)
+    reference_grads = torch.autograd.grad(reference, weights)
+    for a, b in zip(grads, reference_grads):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
 def test_loss_is_the_reference_negative_log_likelihood():
     z = torch.ones(2, 8, 10)
     loss = train_waveglow.waveglow_loss(z, torch.tensor(16.0), torch.tensor(4.0), sigma=1.0)

@@ -126,14 +126,15 @@ def flow_forward(model: WaveGlow, audio: Tensor, mel: Tensor, precision: str
         spect = model.upsample_mel(mel)[:, :, :steps]
     x = audio.float().unfold(1, d.n_group, d.n_group).permute(0, 2, 1)   # (B, group, steps)
     keep = torch.ones(b, 1, steps, device=audio.device, dtype=spect.dtype)
-    early, log_s_total, log_det_total = [], x.new_zeros(()), x.new_zeros(())
+    weights = [inv.conv.weight.float().squeeze(2) for inv in model.convinv]
+    log_det_total = b * steps * total_log_abs_det(weights)
+    early, log_s_total = [], x.new_zeros(())
     for k in range(d.n_flows):
         if k % d.n_early_every == 0 and k > 0:
             early.append(x[:, : d.n_early_size])
             x = x[:, d.n_early_size:]
-        w = model.convinv[k].conv.weight.float().squeeze(2)
+        w = weights[k]
         x = torch.einsum("oc,bct->bot", w, x)
-        log_det_total = log_det_total + b * steps * torch.logdet(w)
         half = x.shape[1] // 2
         x0, x1 = x[:, :half], x[:, half:]
         with common.autocast(device, precision):
@@ -142,6 +143,39 @@ def flow_forward(model: WaveGlow, audio: Tensor, mel: Tensor, precision: str
         x = torch.cat((x0, torch.exp(log_s) * x1 + shift), 1)
         log_s_total = log_s_total + log_s.sum()
     return torch.cat(early + [x], 1), log_s_total, log_det_total
+
+
+def total_log_abs_det(weights: list[Tensor]) -> Tensor:
+    """Sum of log|det W| over the flows' 1x1 convolutions (the reference's
+    torch.logdet: the same while det > 0, which training keeps, as it starts
+    from rotations and det cannot cross 0 with a finite loss).
+
+    Plain tensor operations instead of a cuSOLVER factorisation, so a CUDA
+    graph can hold it: log|det W| is half the log-determinant of W^T W, i.e.
+    the sum of the logs of its Cholesky factor's diagonal; matrices of one
+    size go through together (8 x 8 and 6 x 6 here, a few dozen kernels)."""
+    by_size: dict[int, list[Tensor]] = {}
+    for w in weights:
+        by_size.setdefault(w.shape[0], []).append(w)
+    return sum(_cholesky_log_diagonal(torch.stack(ws)).sum() for ws in by_size.values())
+
+
+def _cholesky_log_diagonal(w: Tensor) -> Tensor:
+    """(k, n, n) -> (k,): sum of log diag(L) where L L^T = w^T w."""
+    a = w.transpose(1, 2) @ w
+    n = a.shape[1]
+    rows = torch.arange(n, device=a.device)
+    columns: list[Tensor] = []
+    total = a.new_zeros(a.shape[0])
+    for j in range(n):
+        v = a[:, :, j]                                           # (k, n)
+        if columns:
+            done = torch.stack(columns, 2)                       # (k, n, j)
+            v = v - (done @ done[:, j, :, None]).squeeze(2)
+        diagonal = v[:, j].sqrt()
+        columns.append(v / diagonal[:, None] * (rows >= j))
+        total = total + diagonal.log()
+    return total
 
 
 def waveglow_loss(z: Tensor, log_s_total: Tensor, log_det_total: Tensor, sigma: float = SIGMA) -> Tensor:
