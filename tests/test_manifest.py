@@ -220,3 +220,53 @@ def test_summarize_gives_the_same_answer_from_a_manifest_read_back(tmp_path):
 def test_summarize_rejects_a_row_with_an_unknown_status():
     with pytest.raises(ValueError, match="unknown status 'done'"):
         summarize([{"id": "x", "status": "done", "duration": 1.0}])
+
+
+# --- the run's manifest checkpoint ------------------------------------------------------------
+
+
+def _checkpoint(tmp_path, lines):
+    from tts_cli.corpus import Utterance
+    from tts_cli.pipeline import _Checkpoint
+    utterances = [Utterance(line=i, id=f"u{i}", text=f"line {i}") for i in range(1, lines + 1)]
+    return _Checkpoint(tmp_path / "manifest.jsonl", utterances, {}, seed=3), utterances
+
+
+def test_rewriting_the_manifest_serializes_each_row_once(tmp_path, monkeypatch):
+    # A corpus of millions of lines is rewritten every few seconds; serializing
+    # every row each time would hold the GIL the GPU threads need for seconds.
+    checkpoint, utterances = _checkpoint(tmp_path, 50)
+    calls = []
+    real = ManifestRow.to_json
+    monkeypatch.setattr(ManifestRow, "to_json", lambda row: calls.append(row.line) or real(row))
+    checkpoint.save(final=True)
+    assert sorted(calls) == list(range(1, 51))
+    done = dataclasses.replace(checkpoint.ordered()[4], status="ok", reason=None,
+                               audio_filepath="wavs/u5.wav", duration=1.0, num_samples=22050)
+    checkpoint.rows[5] = done
+    calls.clear()
+    checkpoint.save(final=True)
+    assert calls == [5], "only the row that changed is serialized again"
+    assert [r["status"] for r in read_manifest(checkpoint.path)].count("ok") == 1
+    assert len(read_manifest(checkpoint.path)) == 50
+
+
+def test_a_slow_manifest_rewrite_is_done_less_often(tmp_path, monkeypatch):
+    from tts_cli import pipeline
+    checkpoint, _ = _checkpoint(tmp_path, 3)
+    checkpoint.save(final=True)
+    writes = []
+    monkeypatch.setattr(pipeline, "write_manifest_lines", lambda path, lines: writes.append(path))
+    checkpoint.saved_at -= pipeline.CHECKPOINT_SECONDS + 1      # the last write is old enough ...
+    checkpoint.save()
+    assert len(writes) == 1
+    checkpoint.save_seconds = 1.0                                # ... unless writing takes 1 s:
+    checkpoint.saved_at -= pipeline.CHECKPOINT_SECONDS + 1      # then wait 1 / CHECKPOINT_SHARE s
+    checkpoint.save()
+    assert len(writes) == 1
+    checkpoint.saved_at -= 1.0 / pipeline.CHECKPOINT_SHARE
+    checkpoint.save()
+    assert len(writes) == 2
+    checkpoint.save_seconds = 1.0
+    checkpoint.save(final=True)                                  # the final write always happens
+    assert len(writes) == 3

@@ -193,13 +193,13 @@ def test_a_manifest_that_cannot_be_saved_keeps_the_last_one_and_says_so(tmp_path
     out = tmp_path / "out"
     saves = []
 
-    def full_after_first(path, rows):
+    def full_after_first(path, lines):
         if saves:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         saves.append(path)
-        real_write_manifest(path, rows)
-    real_write_manifest = pipeline.write_manifest
-    monkeypatch.setattr(pipeline, "write_manifest", full_after_first)
+        real_write_manifest_lines(path, lines)
+    real_write_manifest_lines = pipeline.write_manifest_lines
+    monkeypatch.setattr(pipeline, "write_manifest_lines", full_after_first)
     result = synth(corpus, out, tiny_checkpoints, "--quiet")
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert "manifest.jsonl" in result.output and "No space left on device" in result.output

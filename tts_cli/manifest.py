@@ -94,12 +94,16 @@ def write_manifest(path: str | os.PathLike, rows: Iterable[ManifestRow]) -> None
     Readers (and a resumed run) see either the previous manifest or the new
     one in full, never a half-written file.
     """
+    write_manifest_lines(path, (row.to_json() for row in rows))
+
+
+def write_manifest_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
+    """``write_manifest`` for rows already serialized by ``ManifestRow.to_json``
+    (a long run keeps them, so each rewrite only joins strings)."""
     with atomic_write(path) as temp_path:
         # newline="\n": the same bytes on every OS, one row per '\n'.
         with open(temp_path, "w", encoding="utf-8", newline="\n") as manifest_file:
-            for row in rows:
-                manifest_file.write(row.to_json())
-                manifest_file.write("\n")
+            manifest_file.write("".join(line + "\n" for line in lines))
 
 
 def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
