@@ -9,7 +9,8 @@ file itself stays and is harmless. A second run ends at once, in one line
 naming the holder. Under torchrun, rank 0 holds it for the whole job and
 every process learns whether it got it.
 
-Where ``fcntl`` does not exist (Windows), runs are not locked.
+Where ``fcntl`` does not exist (Windows) or the filesystem has no locks
+(some network mounts), runs are not locked.
 """
 from __future__ import annotations
 
@@ -81,6 +82,8 @@ def _acquire(out_dir: Path):
         handle.close()
         raise Busy(f"{out_dir} is being written by another tts-batch run ({holder}); "
                    f"wait for it to finish, or use another -o") from None
+    except OSError:   # a filesystem without locks (some network mounts): run unlocked
+        return handle
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
