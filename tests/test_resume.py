@@ -140,6 +140,25 @@ def test_out_of_memory_splits_the_batch_and_the_audio_is_unchanged(tmp_path, tin
     assert_same_output(tmp_path / "out", tmp_path / "reference")
 
 
+def test_a_small_waveglow_memory_budget_slices_batches_without_changing_audio_or_keys(
+        tmp_path, tiny_checkpoints, monkeypatch):
+    corpus = write(tmp_path, LINES)
+    assert synth(corpus, tmp_path / "reference", tiny_checkpoints, "--batch-size", "4").exit_code == 0
+    sliced = []
+    real_vocode = Engine._vocode
+    monkeypatch.setattr(Engine, "_vocode", lambda self, mel, *rest: sliced.append(mel.shape[0])
+                        or real_vocode(self, mel, *rest))
+    # A budget below one line's rows: WaveGlow runs one line at a time.
+    result = synth(corpus, tmp_path / "out", tiny_checkpoints, "--batch-size", "4",
+                   "--waveglow-memory", "0.000001")
+    assert result.exit_code == 0, result.output
+    assert set(sliced) == {1}
+    assert_same_output(tmp_path / "out", tmp_path / "reference")
+    # The budget decides memory, not audio: a re-run under another one keeps every line.
+    again = synth(corpus, tmp_path / "out", tiny_checkpoints, "--batch-size", "4")
+    assert again.exit_code == 0 and "5 reused" in again.output, again.output
+
+
 def test_only_a_line_that_fails_alone_is_an_error(tmp_path, tiny_checkpoints, monkeypatch):
     corpus = write(tmp_path, LINES)
     from tts_cli.text import normalize

@@ -1,4 +1,5 @@
 """The matrix-product WaveGlow computes the same function as the plain model."""
+import pytest
 import torch
 
 from tts_cli.waveglow_fast import FastWaveGlow, shifted_taps
@@ -24,3 +25,15 @@ def test_fast_waveglow_equals_the_plain_model_on_a_padded_batch():
     got = fast.infer(mel, frames, seeds, sigma=0.666)
     assert got.shape == expected.shape
     assert torch.allclose(got, expected, atol=1e-5 * expected.abs().max())
+
+
+def test_the_waveglow_memory_budget_is_about_a_million_rows_at_15_gib_for_the_published_model():
+    from tts_cli.waveglow import WaveGlowDims
+    from tts_cli.waveglow_fast import waveglow_rows_within
+    published = WaveGlowDims(n_mel=80, n_flows=12, n_group=8, n_early_every=4, n_early_size=2,
+                             wn_layers=8, wn_channels=256, wn_kernel=3, upsample_kernel=1024, hop_length=256)
+    rows = waveglow_rows_within(15 * 2 ** 30, published, torch.float16)
+    assert 1.0e6 < rows < 1.1e6              # 30 values of 2 bytes per channel-row, ~15 KB a row
+    assert waveglow_rows_within(30 * 2 ** 30, published, torch.float16) == pytest.approx(2 * rows, rel=1e-6)
+    assert waveglow_rows_within(15 * 2 ** 30, published, torch.float32) == pytest.approx(rows / 2, rel=0.01)
+    assert waveglow_rows_within(1, published, torch.float16) == 1

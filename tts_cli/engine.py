@@ -20,7 +20,7 @@ from tts_cli.batching import pad_sequences
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.waveglow import Denoiser, WaveGlow
-from tts_cli.waveglow_fast import FastWaveGlow
+from tts_cli.waveglow_fast import FastWaveGlow, waveglow_rows_within
 
 _DONE = object()   # end-of-stream marker between pipeline threads
 
@@ -91,6 +91,7 @@ class SynthesisSettings:
     sigma: float = 0.666
     denoiser_strength: float = 0.01
     decode: DecodeSettings = DecodeSettings()
+    waveglow_memory_gib: float = 15.0   # WaveGlow's activations at once; a batch runs in slices within it
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,7 @@ class Engine:
     """
 
     def __init__(self, tacotron2: Tacotron2, waveglow: WaveGlow, device: torch.device,
-                 dtype: torch.dtype, settings: SynthesisSettings, fast: bool | None = None,
-                 max_waveglow_rows: int = 1 << 20):
+                 dtype: torch.dtype, settings: SynthesisSettings, fast: bool | None = None):
         self.device, self.dtype, self.settings = device, dtype, settings
         if dtype == torch.float32:
             # fp32 means fp32: cuDNN would otherwise run convolutions in TF32.
@@ -135,8 +135,9 @@ class Engine:
         on_gpu = self.fast and device.type == "cuda"
         self.graphed = GraphedDecoder(self.tacotron2, settings.decode) if on_gpu else None
         # WaveGlow runs over at most this many (item x group step) rows at once,
-        # which bounds its memory whatever the batch (1M rows: ~12 GiB in fp16).
-        self.max_waveglow_rows = max_waveglow_rows
+        # which bounds its memory whatever the batch (15 GiB: ~1M rows in fp16).
+        self.max_waveglow_rows = waveglow_rows_within(settings.waveglow_memory_gib * 2 ** 30,
+                                                      self.waveglow.dims, dtype)
         self.denoiser = (Denoiser.for_model(self.waveglow, dtype)
                          if settings.denoiser_strength > 0 else None)
 

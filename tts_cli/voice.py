@@ -154,7 +154,8 @@ def synthesis_settings(s: Settings) -> SynthesisSettings:
     """The engine's share of the run's settings."""
     decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
                             prenet_dropout=s.prenet_dropout)
-    return SynthesisSettings(sigma=s.sigma, denoiser_strength=s.denoiser_strength, decode=decode)
+    return SynthesisSettings(sigma=s.sigma, denoiser_strength=s.denoiser_strength, decode=decode,
+                             waveglow_memory_gib=s.waveglow_memory_gib)
 
 
 def model_fingerprint(settings: Settings) -> dict[str, str]:

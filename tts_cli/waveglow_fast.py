@@ -108,6 +108,17 @@ def _flow_weights(model: WaveGlow, k: int, dtype: torch.dtype) -> FlowWeights:
     )
 
 
+def waveglow_rows_within(budget_bytes: float, dims, dtype: torch.dtype) -> int:
+    """How many (item x group step) rows WaveGlow may run at once within
+    ``budget_bytes`` of activations. Per row, one coupling holds in the model
+    dtype x (C), the shifted taps (3C), the dilated product (2C), every
+    layer's gated activations (L*C) and every layer's conditioning (2*C*L),
+    plus the float32 audio state; the plain path holds less. At least one."""
+    c, layers = dims.wn_channels, dims.wn_layers
+    per_row = (6 + 3 * layers) * c * torch.empty((), dtype=dtype).element_size() + 4 * 2 * dims.n_group
+    return max(1, int(budget_bytes // per_row))
+
+
 def shifted_taps(x: Tensor, d: int) -> Tensor:
     """(B, T, C) -> (B, T, 3C): [x(t-d) | x(t) | x(t+d)], zero outside [0, T)."""
     padded = F.pad(x, (0, 0, d, d))
