@@ -116,3 +116,36 @@ def test_matmul_fused_kernels_equal_the_plain_eager_path(dtype, tol):
         audio_err = rel(r.audio, ref.audio)
         print(f"{dtype}: matmul-fused kernels vs eager audio rel err {audio_err:.2e}")
         assert audio_err < tol
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2)])
+def test_graphed_decoder_with_the_fused_attention_equals_the_eager_decode(dtype, tol):
+    """GraphedDecoder(fused_attention=True): each step's attention in one
+    Triton launch (kernels.attention_step); same stops as the eager decode,
+    gate-driven (37 steps at most) and at forced lengths, mels within the
+    fast-vs-eager tolerance; each line alone as in the batch (within the
+    batched-vs-alone tolerance: the other kernels are cuBLAS's)."""
+    from tts_cli import kernels
+    from tts_cli.batching import pad_sequences
+    from tts_cli.decoder_graph import GraphedDecoder
+    from tts_cli.tacotron2 import decode
+    assert kernels.available()
+    e = engine(dtype)
+    ids, lengths = pad_sequences([frontend.text_to_sequence(t) for t in LINES], device="cuda")
+    seeds = torch.tensor([1, 2, 3], device="cuda")
+    forced = torch.tensor([j.frames for j in jobs()], device="cuda")
+    for cfg, override in [(DecodeSettings(max_decoder_steps=37), None), (DecodeSettings(), forced)]:
+        fused = GraphedDecoder(e.tacotron2, cfg, fused_attention=True)
+        assert fused.attention is not None
+        mel, frames, truncated = fused.decode(ids, lengths, seeds, override)
+        ref_mel, ref_frames, ref_truncated = decode(e.tacotron2, ids, lengths, seeds, cfg, override)
+        assert frames.tolist() == ref_frames.tolist() and truncated.tolist() == ref_truncated.tolist()
+        err = rel(mel.float().cpu(), ref_mel.float().cpu())
+        print(f"{dtype}: fused attention vs eager, {frames.tolist()} frames: mel rel err {err:.2e}")
+        assert err < tol
+        for i in range(3):   # each line alone: its own (smaller) batch and memory buckets
+            n = int(lengths[i])
+            alone, _, _ = fused.decode(ids[i: i + 1, :n], lengths[i: i + 1], seeds[i: i + 1],
+                                       None if override is None else override[i: i + 1])
+            alone_err = rel(mel[i, :, : alone.shape[2]].float().cpu(), alone[0].float().cpu())
+            assert alone_err < (1e-4 if dtype == torch.float32 else 5e-2)

@@ -1,6 +1,7 @@
 """The matmul-fused Triton kernels (kernels.taps_gate, kernels.residual_update
-and FastWaveGlow's "matmul" coupling) against plain torch, on the CPU, through
-Triton's interpreter.
+and FastWaveGlow's "matmul" coupling) and Tacotron2's fused attention step
+(kernels.attention_step, alone and in the graph decoder's loop) against plain
+torch, on the CPU, through Triton's interpreter.
 
 TRITON_INTERPRET must be set before Triton is imported, so the checks run in a
 fresh Python process: this file run as a script. Skipped where Triton is not
@@ -108,6 +109,107 @@ def coupling_errors(dtype_name: str) -> dict:
             "plain_vs_fp32_model": rel(got_plain, reference)}
 
 
+ATTENTION_SIZES = {  # R, A, F, K, E, T; rows valid for T, 20 and 5 positions
+    "tiny": (32, 16, 4, 7, 24, 37),
+    "published_widths": (1024, 128, 32, 31, 512, 70),
+}
+
+
+def attention_errors(dtype_name: str) -> dict:
+    """kernels.attention_step against the module path (Attention.forward and
+    the cumulative add, in float32 on the same rounded inputs): max abs
+    errors per output and size; and the largest difference between a row
+    computed in a batch of 3 and alone (B=1), and alone with its memory cut
+    to a shorter padded length (32 positions; zeros past its 20 valid ones,
+    as the decoder keeps them), which must both be 0."""
+    import dataclasses
+    import torch
+    from tts_cli import kernels
+    from tts_cli.tacotron2 import PUBLISHED_DIMS, Attention
+    dtype = getattr(torch, dtype_name)
+    errors = {"context": 0.0, "weights": 0.0, "weights_cum": 0.0,
+              "batched_vs_alone": 0.0, "cropped_vs_alone": 0.0}
+    for name, (r, a, f, k, e, t) in ATTENTION_SIZES.items():
+        torch.manual_seed(1)
+        dims = dataclasses.replace(PUBLISHED_DIMS, attention_rnn_dim=r, attention_dim=a,
+                                   location_filters=f, location_kernel=k, embedding_dim=e)
+        # float32 module on the weights as rounded to dtype: the reference
+        module = Attention(dims).eval().to(dtype).float()
+        lengths = torch.tensor([t, 20, 5])
+        invalid = torch.arange(t)[None] >= lengths[:, None]
+        valid = (~invalid).float()
+        ah = torch.randn(3, r).to(dtype)
+        memory = (torch.randn(3, t, e) * valid[..., None]).to(dtype)
+        with torch.no_grad():
+            processed = module.memory_layer(memory.float()).to(dtype)
+        weights = torch.softmax(torch.randn(3, t) * 2 - 30 * invalid, 1) * valid
+        weights, cum = weights.to(dtype), (weights * 5 * torch.rand(3, t)).to(dtype)
+        loc = module.location_layer
+        w_location = kernels.fold_location_weight(loc.location_conv.conv.weight,
+                                                  loc.location_dense.linear_layer.weight).to(dtype)
+        w_query = module.query_layer.linear_layer.weight.detach().to(dtype)
+        v = module.v.linear_layer.weight.detach().reshape(-1).to(dtype)
+
+        def fused(rows, length=t):
+            out = (torch.full((len(rows), e), float("nan"), dtype=dtype),
+                   torch.full((len(rows), length), float("nan"), dtype=dtype),
+                   torch.full((len(rows), length), float("nan"), dtype=dtype))
+            kernels.attention_step(ah[rows], w_query, w_location, weights[rows, :length].contiguous(),
+                                   cum[rows, :length].contiguous(), processed[rows, :length].contiguous(),
+                                   v, invalid[rows, :length].contiguous(), memory[rows, :length].contiguous(),
+                                   *out)
+            return out
+
+        got = fused([0, 1, 2])
+        with torch.no_grad():
+            context, new_weights = module(ah.float(), memory.float(), processed.float(),
+                                          torch.stack((weights, cum), 1).float(), invalid)
+        expected = (context, new_weights, cum.float() + new_weights)
+        for key, x, y in zip(("context", "weights", "weights_cum"), got, expected):
+            errors[key] = max(errors[key], worst(x, y))
+        for i in range(3):
+            alone = fused([i])
+            errors["batched_vs_alone"] = max(errors["batched_vs_alone"], *(
+                worst(x[i: i + 1], y.float()) for x, y in zip(got, alone)))
+        cropped, alone = fused([1], 32), fused([1])
+        errors["cropped_vs_alone"] = max(errors["cropped_vs_alone"], worst(cropped[0], alone[0].float()),
+                                         worst(cropped[1], alone[1][:, :32].float()),
+                                         worst(cropped[2], alone[2][:, :32].float()))
+        print(name, errors, file=sys.stderr)
+    return errors
+
+
+def fused_attention_decoder_errors(dtype_name: str) -> dict:
+    """The graph decoder's static-buffer loop with the fused attention kernel
+    (GraphedDecoder(fused_attention=True) takes it on CUDA only; here it is
+    put in place by hand) against the eager decoder, on a tiny float32 model
+    whose rows stop at different steps inside graphs: whether the frame
+    counts and truncation flags agree, and the mel's max abs difference."""
+    import torch
+    from tts_cli import decoder_graph
+    from tts_cli.batching import pad_sequences
+    from tts_cli.tacotron2 import DecodeSettings, decode
+    from tiny_models import tiny_tacotron2
+    assert dtype_name == "float32"
+    model = tiny_tacotron2(seed=1)
+    gate = model.decoder.gate_layer.linear_layer
+    gate.weight.data *= 10.0
+    gate.bias.data.fill_(-1.0)
+    g = torch.Generator().manual_seed(3)
+    ids, lengths = pad_sequences([torch.randint(12, 64, (n,), generator=g).tolist() for n in (7, 45, 3)])
+    seeds, cfg = torch.tensor([4, 5, 6]), DecodeSettings(max_decoder_steps=40)
+    with torch.inference_mode():
+        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True)
+        assert graphed.attention is None           # not on CUDA: the module path
+        graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
+        mel, frames, truncated = graphed.decode(ids, lengths, seeds)
+        ref_mel, ref_frames, ref_truncated = decode(model, ids, lengths, seeds, cfg)
+    return {"frames": frames.tolist(), "expected_frames": ref_frames.tolist(),
+            "same_stops": frames.tolist() == ref_frames.tolist()
+            and truncated.tolist() == ref_truncated.tolist() and mel.shape == ref_mel.shape,
+            "mel": worst(mel, ref_mel) if mel.shape == ref_mel.shape else float("inf")}
+
+
 def interpreted(check: str, dtype: str) -> dict:
     """``check(dtype)`` run in a fresh process under Triton's interpreter."""
     root = Path(__file__).resolve().parent.parent
@@ -136,6 +238,24 @@ def test_matmul_coupling_equals_the_plain_coupling_under_the_interpreter(dtype, 
     assert errors["coupling_matmul_vs_plain"] < tol and errors["matmul_vs_plain"] < tol
     # fp32 accumulation with one rounding: no less accurate than cuBLAS's products
     assert errors["matmul_vs_fp32_model"] < 1.5 * errors["plain_vs_fp32_model"] + 1e-5
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 5e-3)])
+def test_fused_attention_step_equals_the_attention_module_under_the_interpreter(dtype, tol):
+    pytest.importorskip("triton")
+    errors = interpreted("attention_errors", dtype)
+    # float16: the folded location weight, the inputs of the location product
+    # and the outputs are rounded once each; the rest runs in float32
+    assert errors["context"] < tol and errors["weights"] < tol and errors["weights_cum"] < 4 * tol
+    # one program per row, blocks in a fixed order: bitwise batched == alone
+    assert errors["batched_vs_alone"] == 0.0 and errors["cropped_vs_alone"] == 0.0
+
+
+def test_graph_decoder_with_the_fused_attention_equals_the_eager_one_under_the_interpreter():
+    pytest.importorskip("triton")
+    result = interpreted("fused_attention_decoder_errors", "float32")
+    assert result["same_stops"] and len(set(result["frames"])) > 1, result
+    assert result["mel"] < 1e-4
 
 
 if __name__ == "__main__":

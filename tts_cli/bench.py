@@ -37,6 +37,7 @@ import torch
 from tts_cli import distributed, kernels
 from tts_cli import text as frontend
 from tts_cli.config import Settings, load_settings
+from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.distributed import Group
 from tts_cli.engine import PRECISIONS, Engine, Job, resolve_device, resolve_precision
 from tts_cli.pipeline import RunSummary, synthesize_corpus
@@ -182,6 +183,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
 
     step_ms_1 = _decoder_ms_per_step(engine, 1)
     step_ms_b = _decoder_ms_per_step(engine, b.batch_size)
+    fused_attention = _decoder_fused_attention(engine, step_ms_1, b.batch_size)
     wg_tflops, wg_executed = _waveglow_tflops(engine)
     matmul_fused = _waveglow_matmul_fused(engine, wg_tflops)
     ceiling = matmul_ceiling_tflops(device, torch.float16 if dtype == torch.float32 else dtype)
@@ -199,6 +201,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         "baseline_audio_seconds_per_second": baseline["speed"],
         "speedup_over_baseline": speed / baseline["speed"] if baseline["speed"] else float("nan"),
         **matmul_fused,
+        **fused_attention,
     }
     return result
 
@@ -349,6 +352,28 @@ def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
     return (run(300) - run(100)) / 200 * 1e3
 
 
+def _decoder_fused_attention(engine: Engine, plain_ms_batch1: float, batch: int) -> dict:
+    """The decoder step with the fused attention kernel (GraphedDecoder with
+    fused_attention=True, same weights), measured like ``_decoder_ms_per_step``
+    in the same run: the candidate against the running path as one ratio.
+    Empty where it cannot run (no CUDA or no Triton); a failure of this
+    candidate is reported, not raised (the run's other measures stand)."""
+    if engine.graphed is None or not kernels.available():
+        return {}
+    try:
+        fused = copy.copy(engine)
+        fused.graphed = GraphedDecoder(engine.tacotron2, engine.settings.decode, fused_attention=True)
+        if fused.graphed.attention is None:
+            return {}
+        ms_1 = _decoder_ms_per_step(fused, 1)
+        ms_b = _decoder_ms_per_step(fused, batch)
+    except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
+        return {"decoder_fused_attention_error": f"{type(e).__name__}: {e}"[:300]}
+    return {"decoder_ms_per_step_batch1_fused_attention": ms_1,
+            "decoder_fused_attention_speedup_batch1": plain_ms_batch1 / ms_1,
+            "decoder_frames_per_second_bench_batch_fused_attention": batch / ms_b * 1e3}
+
+
 def _waveglow_tflops(engine: Engine) -> tuple[float, float]:
     """(reference arithmetic, executed arithmetic) per second of WaveGlow time, in TFLOP/s."""
     # 32 lines x 800 frames fills a GPU; a CPU gets a size it finishes.
@@ -399,6 +424,14 @@ TABLE = [
     ("GPU busy (steady state: middle half of a 4-batch window)", "gpu_busy_fraction", "{:.1%}"),
     ("Tacotron2 ms per decoder step, batch 1", "decoder_ms_per_step_batch1", "{:.3f}"),
     ("Tacotron2 frames/s at bench batch", "decoder_frames_per_second_bench_batch", "{:.0f}"),
+    # the next four: on CUDA with Triton only
+    ("Tacotron2 ms per decoder step, batch 1, fused attention kernel",
+     "decoder_ms_per_step_batch1_fused_attention", "{:.3f}"),
+    ("Tacotron2 step speed-up at batch 1, fused attention over the module's kernels",
+     "decoder_fused_attention_speedup_batch1", "{:.3f}x"),
+    ("Tacotron2 frames/s at bench batch, fused attention kernel",
+     "decoder_frames_per_second_bench_batch_fused_attention", "{:.0f}"),
+    ("fused attention kernel: failed", "decoder_fused_attention_error", "{}"),
     ("WaveGlow TFLOP/s (reference arithmetic / time)", "waveglow_tflops", "{:.1f}"),
     ("WaveGlow TFLOP/s (arithmetic executed / time)", "waveglow_executed_tflops", "{:.1f}"),
     # the next four: on CUDA with Triton only

@@ -11,6 +11,11 @@ buffer, so it never stalls the queue. The computation is the eager
 Off CUDA the same static-buffer loop runs without capture, so the CPU tests
 check this module's bookkeeping (padding rows, stop flags, late reads) against
 the eager decoder.
+
+With ``fused_attention=True`` (CUDA with Triton only) each step's attention
+block (~12 small kernels: query product, location convolution and dense
+layer, tanh, energies, masked softmax, context, cumulative add) runs as one
+Triton launch, ``kernels.attention_step``; off by default.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tts_cli.tacotron2 import DecodeSettings, DecoderState, Tacotron2, masks_for_steps
+from tts_cli import kernels
+from tts_cli.tacotron2 import Attention, DecodeSettings, DecoderState, Tacotron2, masks_for_steps
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -49,9 +55,31 @@ class _Graph:
     offsets: Tensor           # (K,) 0..K-1
 
 
+class _FusedAttention:
+    """``Decoder.step``'s attention and cumulative add as one launch of
+    ``kernels.attention_step``; the location layer's convolution and dense
+    weights are folded into one once, here."""
+
+    def __init__(self, attention: Attention):
+        location = attention.location_layer
+        self.w_location = kernels.fold_location_weight(location.location_conv.conv.weight,
+                                                       location.location_dense.linear_layer.weight)
+        self.w_query = attention.query_layer.linear_layer.weight.detach()
+        self.v = attention.v.linear_layer.weight.detach().reshape(-1)
+
+    def __call__(self, query: Tensor, weights: Tensor, weights_cum: Tensor, memory: Tensor,
+                 processed_memory: Tensor, invalid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        context = memory.new_empty(memory.shape[0], memory.shape[2])
+        new_weights, new_cum = torch.empty_like(weights), torch.empty_like(weights_cum)
+        kernels.attention_step(query, self.w_query, self.w_location, weights, weights_cum,
+                               processed_memory, self.v, invalid, memory,
+                               context, new_weights, new_cum)
+        return context, new_weights, new_cum
+
+
 class GraphedDecoder:
     def __init__(self, model: Tacotron2, cfg: DecodeSettings, steps_per_graph: int = 16,
-                 memory_bucket: int = 32):
+                 memory_bucket: int = 32, fused_attention: bool = False):
         self.model, self.cfg = model, cfg
         self.k, self.memory_bucket = steps_per_graph, memory_bucket
         self.graphs: dict[tuple[int, int], _Graph] = {}
@@ -60,6 +88,10 @@ class GraphedDecoder:
         self.flag = torch.zeros((), dtype=torch.bool)
         if self.on_cuda:
             self.flag = self.flag.pin_memory()
+        # The fused attention kernel, where it can run (CUDA with Triton);
+        # None: the attention module's own kernels.
+        self.attention = (_FusedAttention(model.decoder.attention_layer)
+                          if fused_attention and self.on_cuda and kernels.available() else None)
 
     @torch.inference_mode()
     def decode(self, ids: Tensor, lengths: Tensor, seeds: Tensor,
@@ -172,7 +204,8 @@ class GraphedDecoder:
                                 g.memory.dtype)
         for j in range(self.k):
             state, gate = self.model.decoder.step(state, g.memory, g.processed, g.invalid,
-                                                  masks[j] if masks is not None else None)
+                                                  masks[j] if masks is not None else None,
+                                                  attention=self.attention)
             g.mels.index_copy_(0, g.step + j, state.frame.unsqueeze(0))
             g.gates[j].copy_(gate)
         self._judge_stops(g)

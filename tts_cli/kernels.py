@@ -19,6 +19,13 @@ And two matrix products with that work fused into them (``FastWaveGlow`` with
   by -d, 0 or +d) with the gate in its epilogue;
 * ``residual_update``: x += acts @ W_res + b_res, the add in the epilogue.
 
+And one for Tacotron2's decoder (``GraphedDecoder(..., fused_attention=True)``):
+
+* ``attention_step``: one decoder step's whole attention block (query
+  product, folded location convolution and dense layer, tanh, energies,
+  masked softmax, context, cumulative weights) in one launch, one program
+  per batch row.
+
 ``available()`` is False without Triton or CUDA; callers then use plain torch.
 """
 from __future__ import annotations
@@ -290,3 +297,159 @@ def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18) 
     taps_gate(x, keep, cond, 0, w_taps, seq_len=1024, dilation=1, out=out)
     w_res = (torch.randn(c, c, device=device) / c ** 0.5).to(dtype)
     residual_update(out, w_res, torch.zeros(c, device=device, dtype=dtype), x)
+
+
+# ---------------------------------------------------------------------------
+# Tacotron2's attention for one decoder step, in one launch (GraphedDecoder
+# with fused_attention=True).
+
+if triton is not None:
+    @triton.jit
+    def _attention_step_kernel(ah_ptr, wq_ptr, wloc_ptr, w_ptr, cum_ptr, pm_ptr, v_ptr, invalid_ptr,
+                               mem_ptr, ctx_ptr, w_out_ptr, cum_out_ptr, e_ptr, T, E,
+                               R: tl.constexpr, A: tl.constexpr, K: tl.constexpr,
+                               DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
+                               BLOCK_A: tl.constexpr, BLOCK_J: tl.constexpr,
+                               BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+        # One program per batch row; every loop runs over fixed blocks in a
+        # fixed order, so a row's result does not depend on the batch. Blocks
+        # past the row's last valid position add exact zeros (or -inf to the
+        # max), so it does not depend on the padded length T either.
+        row = tl.program_id(0).to(tl.int64)
+        a = tl.arange(0, BLOCK_A)
+        in_a = a < A
+
+        # q = W_q @ ah, float32
+        q = tl.zeros((BLOCK_A,), dtype=tl.float32)
+        for r0 in range(0, R, BLOCK_R):
+            r = r0 + tl.arange(0, BLOCK_R)
+            in_r = r < R
+            h = tl.load(ah_ptr + row * R + r, mask=in_r, other=0.0).to(tl.float32)
+            w_q = tl.load(wq_ptr + a[:, None] * R + r[None, :], mask=in_a[:, None] & in_r[None, :],
+                          other=0.0).to(tl.float32)
+            q += tl.sum(w_q * h[None, :], axis=1)
+        v = tl.load(v_ptr + a, mask=in_a, other=0.0).to(tl.float32)
+
+        # The location convolution and dense layer, folded: column j = c*K + k
+        # of a (BLOCK_T, 2K) window holds channel c (0: weights, 1: cumulative
+        # weights) at t + k - K//2, zero outside [0, T) as conv1d pads.
+        j = tl.arange(0, BLOCK_J)
+        in_j = j < 2 * K
+        w_loc = tl.load(wloc_ptr + a[None, :] * (2 * K) + j[:, None],
+                        mask=in_j[:, None] & in_a[None, :], other=0.0)          # (2K, A)
+        shift = (j % K - K // 2)[None, :]
+        from_cum = (j >= K)[None, :]
+        row_t = row * T
+
+        # Pass 1: energies e_t = v . tanh(q + location_t + processed_t), -inf
+        # where invalid, stored (float32) for the next passes; and their max.
+        e_max = tl.full((BLOCK_T,), float("-inf"), dtype=tl.float32)
+        for t0 in range(0, T, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            in_t = t < T
+            src = t[:, None] + shift
+            inside = in_j[None, :] & (src >= 0) & (src < T)
+            window = (tl.load(w_ptr + row_t + src, mask=inside & ~from_cum, other=0.0)
+                      + tl.load(cum_ptr + row_t + src, mask=inside & from_cum, other=0.0))
+            location = tl.dot(window, w_loc, input_precision=DOT_PRECISION)   # (BLOCK_T, A) fp32
+            pm = tl.load(pm_ptr + (row_t + t[:, None]) * A + a[None, :],
+                         mask=in_t[:, None] & in_a[None, :], other=0.0).to(tl.float32)
+            hidden = q[None, :] + location + pm
+            tanh = 2.0 * tl.sigmoid(2.0 * hidden) - 1.0
+            e = tl.sum(tanh * v[None, :], axis=1)
+            invalid = tl.load(invalid_ptr + row_t + t, mask=in_t, other=1) != 0
+            e = tl.where(invalid, float("-inf"), e)
+            tl.store(e_ptr + row_t + t, e, mask=in_t)
+            e_max = tl.maximum(e_max, e)
+        m = tl.max(e_max, axis=0)
+        tl.debug_barrier()   # the energies, stored by some threads, are read by others
+
+        # Pass 2: context = sum_t p_t memory_t / sum_t p_t with p_t = exp(e_t - m),
+        # over E in blocks (one at E <= 512), each summing the same p_t again.
+        total = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        for e0 in range(0, E, BLOCK_E):
+            cols = e0 + tl.arange(0, BLOCK_E)
+            in_e = cols < E
+            acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
+            total = tl.zeros((BLOCK_T,), dtype=tl.float32)
+            for t0 in range(0, T, BLOCK_T):
+                t = t0 + tl.arange(0, BLOCK_T)
+                in_t = t < T
+                p = tl.exp(tl.load(e_ptr + row_t + t, mask=in_t, other=float("-inf")) - m)
+                total += p
+                mem = tl.load(mem_ptr + (row_t + t[:, None]) * E + cols[None, :],
+                              mask=in_t[:, None] & in_e[None, :], other=0.0).to(tl.float32)
+                acc += tl.sum(p[:, None] * mem, axis=0)
+            tl.store(ctx_ptr + row * E + cols, (acc / tl.sum(total, axis=0)).to(ctx_ptr.dtype.element_ty),
+                     mask=in_e)
+        s = tl.sum(total, axis=0)
+
+        # Pass 3: the weights, and the cumulative weights + the weights as
+        # stored (rounded to their dtype first, as the module path adds them).
+        for t0 in range(0, T, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            in_t = t < T
+            p = tl.exp(tl.load(e_ptr + row_t + t, mask=in_t, other=float("-inf")) - m)
+            w = (p / s).to(w_out_ptr.dtype.element_ty)
+            tl.store(w_out_ptr + row_t + t, w, mask=in_t)
+            cum = tl.load(cum_ptr + row_t + t, mask=in_t, other=0.0).to(tl.float32) + w.to(tl.float32)
+            tl.store(cum_out_ptr + row_t + t, cum.to(cum_out_ptr.dtype.element_ty), mask=in_t)
+
+
+# Launch shape of attention_step (one program per row): 8 warps hold a
+# (BLOCK_T, 512) tile of memory and a (128, 128) tile of W_q in registers.
+_ATTENTION_WARPS, _ATTENTION_BLOCK_T, _ATTENTION_BLOCK_R, _ATTENTION_BLOCK_E = 8, 32, 128, 512
+
+
+def _pow2(n: int, at_least: int = 16) -> int:
+    return max(at_least, 1 << (n - 1).bit_length())
+
+
+def fold_location_weight(conv_weight: Tensor, dense_weight: Tensor) -> Tensor:
+    """Tacotron2's location layer (conv1d 2 -> F, no bias; then linear F -> A,
+    no bias) as one (A, 2, K) convolution weight: both are linear, so
+    dense(conv(x)) = conv(x) with dense.weight @ conv.weight over F. Computed
+    in float32, returned in the weights' dtype."""
+    f, two, k = conv_weight.shape
+    folded = dense_weight.detach().float() @ conv_weight.detach().float().reshape(f, two * k)
+    return folded.reshape(-1, two, k).to(conv_weight.dtype).contiguous()
+
+
+def attention_step(ah: Tensor, w_query: Tensor, w_location: Tensor, weights: Tensor,
+                   weights_cum: Tensor, processed_memory: Tensor, v: Tensor, invalid: Tensor,
+                   memory: Tensor, context_out: Tensor, weights_out: Tensor,
+                   weights_cum_out: Tensor) -> None:
+    """Tacotron2's location-sensitive attention for one decoder step, in one
+    launch (inference only):
+
+        e = v . tanh(W_q ah + conv(stack(weights, weights_cum), w_location) + processed_memory)
+        weights_out = softmax(e masked with -inf where invalid, over T)
+        context_out = weights_out @ memory;  weights_cum_out = weights_cum + weights_out
+
+    ah: (B, R); w_query: (A, R); w_location: (A, 2, K) (``fold_location_weight``),
+    zero-padded at both ends like conv1d(padding=K//2); weights, weights_cum:
+    (B, T); processed_memory: (B, T, A); v: (A,); invalid: (B, T) bool;
+    memory: (B, T, E). Outputs (B, E), (B, T), (B, T), distinct from the
+    inputs. All contiguous; one dtype for ah, the weights and w_location.
+    float32 accumulation throughout; each row is computed on its own, in an
+    order that depends neither on B nor on T past the row's valid positions."""
+    b, r = ah.shape
+    a, two, k = w_location.shape
+    t, e = memory.shape[1:]
+    assert two == 2 and k % 2 == 1 and w_query.shape == (a, r) and v.numel() == a
+    assert weights.shape == weights_cum.shape == invalid.shape == (b, t)
+    assert processed_memory.shape == (b, t, a) and memory.shape[0] == b
+    assert context_out.shape == (b, e) and weights_out.shape == weights_cum_out.shape == (b, t)
+    assert weights.dtype == weights_cum.dtype == w_location.dtype
+    tensors = (ah, w_query, w_location, weights, weights_cum, processed_memory, v, invalid, memory,
+               context_out, weights_out, weights_cum_out)
+    assert all(x.is_contiguous() for x in tensors)
+    assert weights_out.data_ptr() not in (weights.data_ptr(), weights_cum.data_ptr())
+    energies = torch.empty(b, t, dtype=torch.float32, device=memory.device)
+    _attention_step_kernel[(b,)](
+        ah, w_query, w_location, weights, weights_cum, processed_memory, v, invalid.view(torch.uint8),
+        memory, context_out, weights_out, weights_cum_out, energies, t, e,
+        R=r, A=a, K=k, DOT_PRECISION=_dot_precision(weights.dtype),
+        BLOCK_R=min(_ATTENTION_BLOCK_R, _pow2(r)), BLOCK_A=_pow2(a), BLOCK_J=_pow2(2 * k),
+        BLOCK_T=_ATTENTION_BLOCK_T, BLOCK_E=min(_ATTENTION_BLOCK_E, _pow2(e)),
+        num_warps=_ATTENTION_WARPS)

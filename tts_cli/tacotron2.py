@@ -12,6 +12,7 @@ row's stop zeroed before and between the postnet convolutions.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -196,19 +197,29 @@ class Decoder(nn.Module):
             zeros(b, t), zeros(b, t), zeros(b, c), zeros(b, d.n_mel))
 
     def step(self, s: DecoderState, memory: Tensor, processed_memory: Tensor,
-             invalid: Tensor, keep_masks: list[Tensor] | None) -> tuple[DecoderState, Tensor]:
+             invalid: Tensor, keep_masks: list[Tensor] | None,
+             attention: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
+             ) -> tuple[DecoderState, Tensor]:
         """One frame for every row. Returns the new state (its ``frame`` is the
-        output frame) and the gate logits (B,)."""
+        output frame) and the gate logits (B,). ``attention``, if given, stands
+        in for the attention layer and the cumulative add: (query, weights,
+        weights_cum, memory, processed_memory, invalid) -> (context, weights,
+        weights_cum + weights), e.g. a fused kernel (decoder_graph.py)."""
         x = self.prenet(s.frame, keep_masks)
         ah, ac = self.attention_rnn(torch.cat((x, s.attention_context), 1),
                                     (s.attention_hidden, s.attention_cell))
-        weights_cat = torch.stack((s.attention_weights, s.attention_weights_cum), 1)
-        context, weights = self.attention_layer(ah, memory, processed_memory, weights_cat, invalid)
+        if attention is None:
+            weights_cat = torch.stack((s.attention_weights, s.attention_weights_cum), 1)
+            context, weights = self.attention_layer(ah, memory, processed_memory, weights_cat, invalid)
+            weights_cum = s.attention_weights_cum + weights
+        else:
+            context, weights, weights_cum = attention(ah, s.attention_weights, s.attention_weights_cum,
+                                                      memory, processed_memory, invalid)
         dh, dc = self.decoder_rnn(torch.cat((ah, context), 1), (s.decoder_hidden, s.decoder_cell))
         hidden_context = torch.cat((dh, context), 1)
         frame = self.linear_projection(hidden_context)
         gate = self.gate_layer(hidden_context).squeeze(1)
-        new = DecoderState(ah, ac, dh, dc, weights, s.attention_weights_cum + weights, context, frame)
+        new = DecoderState(ah, ac, dh, dc, weights, weights_cum, context, frame)
         return new, gate
 
 
