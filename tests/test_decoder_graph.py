@@ -1,11 +1,12 @@
 """The graph decoder's static-buffer loop (run without capture off CUDA) gives
-exactly what the eager decoder gives: same frames, same stops, same padding."""
+exactly what the eager decoder gives: same frames, same stops, same padding;
+also with the projection and gate as one product (fused_output, plain torch)."""
 import pytest
 import torch
 
 from tts_cli.batching import pad_sequences
-from tts_cli.decoder_graph import GraphedDecoder
-from tts_cli.tacotron2 import DecodeSettings, decode
+from tts_cli.decoder_graph import GraphedDecoder, _FusedOutput
+from tts_cli.tacotron2 import PUBLISHED_DIMS, DecodeSettings, Decoder, decode
 from tiny_models import tiny_tacotron2
 
 
@@ -30,14 +31,17 @@ def sharp_gate(seed: int, scale: float, bias: float):
     (None, lambda: sharp_gate(0, 10.0, -2.0)),              # 13 and two rows to the limit
     ([5, 40, 17], lambda: tiny_tacotron2(seed=6)),
 ], ids=["gate-at-once", "gate-mid-graph", "gate-and-limit", "forced-lengths"])
-def test_static_buffer_decoder_equals_the_eager_one(override, model):
+@pytest.mark.parametrize("fused_output", [False, True], ids=["two-layers", "fused-output"])
+def test_static_buffer_decoder_equals_the_eager_one(override, model, fused_output):
     model = model()
     cfg = DecodeSettings(max_decoder_steps=40)
     ids, lengths = pad_sequences(lines(7, 45, 3))        # 3 rows -> a bucket of 4; 45 -> 64 symbols
     seeds = torch.tensor([4, 5, 6])
     forced = torch.tensor(override) if override else None
+    decoder = GraphedDecoder(model, cfg, steps_per_graph=8, fused_output=fused_output)
+    assert (decoder.output is not None) == fused_output   # plain torch: on the CPU too
     with torch.inference_mode():
-        graphed = GraphedDecoder(model, cfg, steps_per_graph=8).decode(ids, lengths, seeds, forced)
+        graphed = decoder.decode(ids, lengths, seeds, forced)
         eager = decode(model, ids, lengths, seeds, cfg, forced)
     assert graphed[1].tolist() == eager[1].tolist()
     assert graphed[2].tolist() == eager[2].tolist()
@@ -68,3 +72,27 @@ def test_decoding_stops_one_graph_after_the_last_real_line_stops():
     (graph,) = decoder.graphs.values()
     # all done after the first 8 steps; the flag is read one replay late
     assert int(graph.step) == 16
+
+
+@pytest.mark.parametrize("decoder", [lambda: tiny_tacotron2(seed=4).decoder,
+                                     lambda: Decoder(PUBLISHED_DIMS).eval()], ids=["tiny", "published"])
+def test_the_folded_projection_and_gate_equal_the_two_layers(decoder):
+    """One product over the stacked weights (n_mel + 1, D) gives the frame
+    and the gate logit of the two layers, to float32 rounding (within 1e-6
+    of the largest value); the frame is a view with rows n_mel + 1 apart,
+    the gate its last column."""
+    decoder = decoder()
+    output = _FusedOutput(decoder)
+    d = decoder.dims
+    assert output.weight.shape == (d.n_mel + 1, d.decoder_rnn_dim + d.embedding_dim)
+    torch.manual_seed(0)
+    dh, context = torch.randn(5, d.decoder_rnn_dim), torch.randn(5, d.embedding_dim)
+    with torch.inference_mode():
+        frame, gate = output(dh, context)
+        hidden_context = torch.cat((dh, context), 1)
+        ref_frame = decoder.linear_projection(hidden_context)
+        ref_gate = decoder.gate_layer(hidden_context).squeeze(1)
+    assert frame.shape == ref_frame.shape and gate.shape == ref_gate.shape
+    assert frame.stride() == (d.n_mel + 1, 1)
+    assert (frame - ref_frame).abs().max() <= 1e-6 * ref_frame.abs().max()
+    assert (gate - ref_gate).abs().max() <= 1e-6 * ref_gate.abs().max()

@@ -118,13 +118,11 @@ def test_matmul_fused_kernels_equal_the_plain_eager_path(dtype, tol):
         assert audio_err < tol
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2)])
-def test_graphed_decoder_with_the_fused_attention_equals_the_eager_decode(dtype, tol):
-    """GraphedDecoder(fused_attention=True): each step's attention in one
-    Triton launch (kernels.attention_step); same stops as the eager decode,
-    gate-driven (37 steps at most) and at forced lengths, mels within the
-    fast-vs-eager tolerance; each line alone as in the batch (within the
-    batched-vs-alone tolerance: the other kernels are cuBLAS's)."""
+def check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, **fusions):
+    """GraphedDecoder(**fusions) against the eager decode: same stops,
+    gate-driven (37 steps at most) and at forced lengths, mels within
+    ``tol``; each line alone as in the batch (within ``alone_tol``: the
+    other kernels are cuBLAS's)."""
     from tts_cli import kernels
     from tts_cli.batching import pad_sequences
     from tts_cli.decoder_graph import GraphedDecoder
@@ -135,17 +133,68 @@ def test_graphed_decoder_with_the_fused_attention_equals_the_eager_decode(dtype,
     seeds = torch.tensor([1, 2, 3], device="cuda")
     forced = torch.tensor([j.frames for j in jobs()], device="cuda")
     for cfg, override in [(DecodeSettings(max_decoder_steps=37), None), (DecodeSettings(), forced)]:
-        fused = GraphedDecoder(e.tacotron2, cfg, fused_attention=True)
-        assert fused.attention is not None
+        fused = GraphedDecoder(e.tacotron2, cfg, **fusions)
+        assert (fused.attention is not None) == fusions.get("fused_attention", False)
+        assert (fused.prenet is not None) == fusions.get("fused_prenet", False)
+        assert (fused.output is not None) == fusions.get("fused_output", False)
         mel, frames, truncated = fused.decode(ids, lengths, seeds, override)
         ref_mel, ref_frames, ref_truncated = decode(e.tacotron2, ids, lengths, seeds, cfg, override)
         assert frames.tolist() == ref_frames.tolist() and truncated.tolist() == ref_truncated.tolist()
         err = rel(mel.float().cpu(), ref_mel.float().cpu())
-        print(f"{dtype}: fused attention vs eager, {frames.tolist()} frames: mel rel err {err:.2e}")
+        print(f"{dtype}: {sorted(fusions)} vs eager, {frames.tolist()} frames: mel rel err {err:.2e}")
         assert err < tol
         for i in range(3):   # each line alone: its own (smaller) batch and memory buckets
             n = int(lengths[i])
             alone, _, _ = fused.decode(ids[i: i + 1, :n], lengths[i: i + 1], seeds[i: i + 1],
                                        None if override is None else override[i: i + 1])
             alone_err = rel(mel[i, :, : alone.shape[2]].float().cpu(), alone[0].float().cpu())
-            assert alone_err < (1e-4 if dtype == torch.float32 else 5e-2)
+            print(f"  line {i} alone vs batched: mel rel err {alone_err:.2e}")
+            assert alone_err < alone_tol
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2)])
+def test_graphed_decoder_with_the_fused_attention_equals_the_eager_decode(dtype, tol):
+    """GraphedDecoder(fused_attention=True): each step's attention in one
+    Triton launch (kernels.attention_step)."""
+    check_graphed_decoder_against_the_eager_decode(
+        dtype, tol, 1e-4 if dtype == torch.float32 else 5e-2, fused_attention=True)
+
+
+@pytest.mark.parametrize("dtype, tol, alone_tol", [
+    (torch.float32, 1e-4, 1e-4), (torch.float16, 2e-2, 5e-2), (torch.bfloat16, 1e-1, 5e-2)])
+def test_graphed_decoder_with_every_fusion_equals_the_eager_decode(dtype, tol, alone_tol):
+    """Every decoder fusion on: the attention and the prenet each in one
+    Triton launch (kernels.attention_step, kernels.prenet_step), the
+    projection and the gate as one product. bfloat16: the fused kernels
+    keep float32 where the modules round to bfloat16 between products."""
+    check_graphed_decoder_against_the_eager_decode(
+        dtype, tol, alone_tol, fused_attention=True, fused_prenet=True, fused_output=True)
+
+
+def test_the_fused_prenet_kernel_equals_the_prenet_module_on_the_gpu():
+    """kernels.prenet_step on the GPU, all three precisions, published widths,
+    with and without dropout masks: within one output rounding of the float32
+    module on the same rounded weights; each row alone bitwise as in a batch."""
+    from tts_cli import kernels
+    from tts_cli.tacotron2 import PUBLISHED_DIMS, Prenet
+    assert kernels.available()
+    for dtype, tol in [(torch.float32, 1e-5), (torch.float16, 5e-3), (torch.bfloat16, 2e-2)]:
+        torch.manual_seed(0)
+        module = Prenet(PUBLISHED_DIMS).cuda().eval().to(dtype).float()
+        w1, w2 = (layer.linear_layer.weight.detach().to(dtype).contiguous() for layer in module.layers)
+        frame = torch.randn(5, 81, device="cuda").to(dtype)[:, :80]   # row stride 81
+        masks = [((torch.rand(5, 256, device="cuda") > 0.5) * 2.0).to(dtype) for _ in range(2)]
+        for keep in (masks, None):
+            out = torch.empty(5, 256, device="cuda", dtype=dtype)
+            kernels.prenet_step(frame, w1, w2, *(keep or (None, None)), out)
+            with torch.no_grad():
+                expected = module(frame.float(), None if keep is None else [m.float() for m in keep])
+            err = (out.float() - expected).abs().max().item()
+            print(f"{dtype}: prenet_step vs module, masks {keep is not None}: max abs err {err:.2e}")
+            assert err < tol
+            for i in range(5):
+                alone = torch.empty(1, 256, device="cuda", dtype=dtype)
+                kernels.prenet_step(frame[i: i + 1], w1, w2,
+                                    *((None, None) if keep is None else (keep[0][i: i + 1], keep[1][i: i + 1])),
+                                    alone)
+                assert torch.equal(alone[0], out[i])

@@ -1,14 +1,17 @@
 """The matmul-fused Triton kernels (kernels.taps_gate, kernels.residual_update
 and FastWaveGlow's "matmul" coupling) and Tacotron2's fused attention step
-(kernels.attention_step, alone and in the graph decoder's loop) against plain
-torch, on the CPU, through Triton's interpreter.
+(kernels.attention_step, alone and in the graph decoder's loop) and fused
+prenet (kernels.prenet_step, alone and in the loop with every fusion on)
+against plain torch, on the CPU, through Triton's interpreter.
 
 TRITON_INTERPRET must be set before Triton is imported, so the checks run in a
 fresh Python process: this file run as a script. Skipped where Triton is not
 installed (CI); tests/test_gpu.py checks the same path on a GPU.
 
 The interpreter's tl.dot multiplies bfloat16 operands as their raw bits
-(numpy has no bfloat16), so bfloat16 is checked on the GPU only. Autotuning
+(numpy has no bfloat16), so bfloat16 is checked on the GPU only; prenet_step
+has no tl.dot and is checked in bfloat16 here too, but the interpreter
+truncates float32 to bfloat16 where a GPU rounds (one ulp). Autotuning
 needs a GPU too: here every launch uses one fixed config (kernels._FIXED_CONFIG).
 """
 import json
@@ -179,18 +182,67 @@ def attention_errors(dtype_name: str) -> dict:
     return errors
 
 
-def fused_attention_decoder_errors(dtype_name: str) -> dict:
-    """The graph decoder's static-buffer loop with the fused attention kernel
-    (GraphedDecoder(fused_attention=True) takes it on CUDA only; here it is
-    put in place by hand) against the eager decoder, on a tiny float32 model
-    whose rows stop at different steps inside graphs: whether the frame
-    counts and truncation flags agree, and the mel's max abs difference."""
+PRENET_SIZES = {  # K (n_mel), H1, H2
+    "tiny": (16, 24, 40),
+    "published_widths": (80, 256, 256),
+}
+
+
+def prenet_errors(dtype_name: str) -> dict:
+    """kernels.prenet_step against the Prenet module (in float32 on the same
+    rounded inputs), with dropout masks and without, the frame read through
+    a row stride wider than its width (as the fused output leaves it), in
+    two launch shapes (default, and 16 outputs per program: several
+    programs per row, the last one partly past H2): max abs errors; and the
+    largest difference between a row computed in a batch of 3 and alone,
+    which must be 0."""
+    import dataclasses
+    import torch
+    from tts_cli import kernels
+    from tts_cli.tacotron2 import PUBLISHED_DIMS, Prenet
+    dtype = getattr(torch, dtype_name)
+    errors = {"out": 0.0, "out_no_masks": 0.0, "batched_vs_alone": 0.0}
+    default_block = kernels._PRENET_BLOCK_O
+    for name, (k, h1, h2) in PRENET_SIZES.items():
+        torch.manual_seed(2)
+        dims = dataclasses.replace(PUBLISHED_DIMS, n_mel=k, prenet_dims=(h1, h2))
+        module = Prenet(dims).eval().to(dtype).float()   # the reference, on the rounded weights
+        w1, w2 = (layer.linear_layer.weight.detach().to(dtype).contiguous() for layer in module.layers)
+        frame = torch.randn(3, k + 3).to(dtype)[:, :k]  # row stride k + 3
+        masks = [((torch.rand(3, h) > 0.5) * 2.0).to(dtype) for h in (h1, h2)]
+
+        def fused(rows, keep):
+            out = torch.full((len(rows), h2), float("nan"), dtype=dtype)
+            m1, m2 = (m[rows].contiguous() for m in masks) if keep else (None, None)
+            return kernels.prenet_step(frame[rows], w1, w2, m1, m2, out)
+
+        for block in (default_block, 16):
+            kernels._PRENET_BLOCK_O = block
+            with torch.no_grad():
+                expected = module(frame.float(), [m.float() for m in masks])
+                expected_plain = module(frame.float(), None)
+            got = fused([0, 1, 2], True)
+            errors["out"] = max(errors["out"], worst(got, expected))
+            errors["out_no_masks"] = max(errors["out_no_masks"], worst(fused([0, 1, 2], False), expected_plain))
+            for i in range(3):
+                errors["batched_vs_alone"] = max(errors["batched_vs_alone"],
+                                                 worst(got[i: i + 1], fused([i], True).float()))
+        kernels._PRENET_BLOCK_O = default_block
+        print(name, errors, file=sys.stderr)
+    return errors
+
+
+def _graph_decoder_errors(plug) -> dict:
+    """The graph decoder's static-buffer loop, its fused parts put in place
+    by ``plug(graphed, model)`` (GraphedDecoder takes the Triton ones on CUDA
+    only), against the eager decoder, on a tiny float32 model whose rows
+    stop at different steps inside graphs: whether the frame counts and
+    truncation flags agree, and the mel's max abs difference."""
     import torch
     from tts_cli import decoder_graph
     from tts_cli.batching import pad_sequences
     from tts_cli.tacotron2 import DecodeSettings, decode
     from tiny_models import tiny_tacotron2
-    assert dtype_name == "float32"
     model = tiny_tacotron2(seed=1)
     gate = model.decoder.gate_layer.linear_layer
     gate.weight.data *= 10.0
@@ -199,15 +251,41 @@ def fused_attention_decoder_errors(dtype_name: str) -> dict:
     ids, lengths = pad_sequences([torch.randint(12, 64, (n,), generator=g).tolist() for n in (7, 45, 3)])
     seeds, cfg = torch.tensor([4, 5, 6]), DecodeSettings(max_decoder_steps=40)
     with torch.inference_mode():
-        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True)
-        assert graphed.attention is None           # not on CUDA: the module path
-        graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
+        graphed = plug(decoder_graph, model, cfg)
         mel, frames, truncated = graphed.decode(ids, lengths, seeds)
         ref_mel, ref_frames, ref_truncated = decode(model, ids, lengths, seeds, cfg)
     return {"frames": frames.tolist(), "expected_frames": ref_frames.tolist(),
             "same_stops": frames.tolist() == ref_frames.tolist()
             and truncated.tolist() == ref_truncated.tolist() and mel.shape == ref_mel.shape,
             "mel": worst(mel, ref_mel) if mel.shape == ref_mel.shape else float("inf")}
+
+
+def fused_attention_decoder_errors(dtype_name: str) -> dict:
+    """_graph_decoder_errors with the fused attention kernel."""
+    assert dtype_name == "float32"
+
+    def plug(decoder_graph, model, cfg):
+        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True)
+        assert graphed.attention is None           # not on CUDA: the module path
+        graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
+        return graphed
+    return _graph_decoder_errors(plug)
+
+
+def fused_step_decoder_errors(dtype_name: str) -> dict:
+    """_graph_decoder_errors with every fusion on: the fused attention and
+    prenet kernels, and the projection and gate as one product (which
+    GraphedDecoder takes on any device)."""
+    assert dtype_name == "float32"
+
+    def plug(decoder_graph, model, cfg):
+        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True,
+                                               fused_prenet=True, fused_output=True)
+        assert graphed.attention is None and graphed.prenet is None and graphed.output is not None
+        graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
+        graphed.prenet = decoder_graph._FusedPrenet(model.decoder.prenet)
+        return graphed
+    return _graph_decoder_errors(plug)
 
 
 def interpreted(check: str, dtype: str) -> dict:
@@ -254,6 +332,24 @@ def test_fused_attention_step_equals_the_attention_module_under_the_interpreter(
 def test_graph_decoder_with_the_fused_attention_equals_the_eager_one_under_the_interpreter():
     pytest.importorskip("triton")
     result = interpreted("fused_attention_decoder_errors", "float32")
+    assert result["same_stops"] and len(set(result["frames"])) > 1, result
+    assert result["mel"] < 1e-4
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 5e-3), ("bfloat16", 2e-2)])
+def test_fused_prenet_step_equals_the_prenet_module_under_the_interpreter(dtype, tol):
+    pytest.importorskip("triton")
+    errors = interpreted("prenet_errors", dtype)
+    # 16-bit: one rounding of outputs up to ~2 (float16: half an ulp, 1e-3;
+    # bfloat16: the interpreter truncates, one ulp, 1.6e-2)
+    assert errors["out"] < tol and errors["out_no_masks"] < tol
+    # each row on its own, in a fixed order: bitwise batched == alone
+    assert errors["batched_vs_alone"] == 0.0
+
+
+def test_graph_decoder_with_every_fusion_equals_the_eager_one_under_the_interpreter():
+    pytest.importorskip("triton")
+    result = interpreted("fused_step_decoder_errors", "float32")
     assert result["same_stops"] and len(set(result["frames"])) > 1, result
     assert result["mel"] < 1e-4
 

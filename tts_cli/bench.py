@@ -184,6 +184,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
     step_ms_1 = _decoder_ms_per_step(engine, 1)
     step_ms_b = _decoder_ms_per_step(engine, b.batch_size)
     fused_attention = _decoder_fused_attention(engine, step_ms_1, b.batch_size)
+    fused_step = _decoder_fused_step(engine, step_ms_1, b.batch_size)
     wg_tflops, wg_executed = _waveglow_tflops(engine)
     matmul_fused = _waveglow_matmul_fused(engine, wg_tflops)
     ceiling = matmul_ceiling_tflops(device, torch.float16 if dtype == torch.float32 else dtype)
@@ -202,6 +203,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         "speedup_over_baseline": speed / baseline["speed"] if baseline["speed"] else float("nan"),
         **matmul_fused,
         **fused_attention,
+        **fused_step,
     }
     return result
 
@@ -352,26 +354,44 @@ def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
     return (run(300) - run(100)) / 200 * 1e3
 
 
-def _decoder_fused_attention(engine: Engine, plain_ms_batch1: float, batch: int) -> dict:
-    """The decoder step with the fused attention kernel (GraphedDecoder with
-    fused_attention=True, same weights), measured like ``_decoder_ms_per_step``
-    in the same run: the candidate against the running path as one ratio.
-    Empty where it cannot run (no CUDA or no Triton); a failure of this
-    candidate is reported, not raised (the run's other measures stand)."""
+def _decoder_candidate(engine: Engine, plain_ms_batch1: float, batch: int, name: str,
+                       **fusions: bool) -> dict:
+    """The decoder step with candidate fusions (GraphedDecoder(**fusions),
+    same weights), measured like ``_decoder_ms_per_step`` in the same run:
+    the candidate against the running path as one ratio, under keys named
+    after ``name``. Empty where it cannot run (no CUDA or no Triton, or a
+    requested Triton fusion not taken); a failure of the candidate is
+    reported, not raised (the run's other measures stand)."""
     if engine.graphed is None or not kernels.available():
         return {}
     try:
         fused = copy.copy(engine)
-        fused.graphed = GraphedDecoder(engine.tacotron2, engine.settings.decode, fused_attention=True)
-        if fused.graphed.attention is None:
+        fused.graphed = GraphedDecoder(engine.tacotron2, engine.settings.decode, **fusions)
+        taken = {"fused_attention": fused.graphed.attention, "fused_prenet": fused.graphed.prenet,
+                 "fused_output": fused.graphed.output}
+        if any(on and taken[flag] is None for flag, on in fusions.items()):
             return {}
         ms_1 = _decoder_ms_per_step(fused, 1)
         ms_b = _decoder_ms_per_step(fused, batch)
     except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
-        return {"decoder_fused_attention_error": f"{type(e).__name__}: {e}"[:300]}
-    return {"decoder_ms_per_step_batch1_fused_attention": ms_1,
-            "decoder_fused_attention_speedup_batch1": plain_ms_batch1 / ms_1,
-            "decoder_frames_per_second_bench_batch_fused_attention": batch / ms_b * 1e3}
+        return {f"decoder_{name}_error": f"{type(e).__name__}: {e}"[:300]}
+    return {f"decoder_ms_per_step_batch1_{name}": ms_1,
+            f"decoder_{name}_speedup_batch1": plain_ms_batch1 / ms_1,
+            f"decoder_frames_per_second_bench_batch_{name}": batch / ms_b * 1e3}
+
+
+def _decoder_fused_attention(engine: Engine, plain_ms_batch1: float, batch: int) -> dict:
+    """The decoder step with the fused attention kernel alone
+    (GraphedDecoder(fused_attention=True)): ``_decoder_candidate``."""
+    return _decoder_candidate(engine, plain_ms_batch1, batch, "fused_attention", fused_attention=True)
+
+
+def _decoder_fused_step(engine: Engine, plain_ms_batch1: float, batch: int) -> dict:
+    """The decoder step with every fusion on: the attention and the prenet
+    kernels, the projection and the gate as one product:
+    ``_decoder_candidate``, keys ``..._fused_step``."""
+    return _decoder_candidate(engine, plain_ms_batch1, batch, "fused_step",
+                              fused_attention=True, fused_prenet=True, fused_output=True)
 
 
 def _waveglow_tflops(engine: Engine) -> tuple[float, float]:
@@ -432,6 +452,14 @@ TABLE = [
     ("Tacotron2 frames/s at bench batch, fused attention kernel",
      "decoder_frames_per_second_bench_batch_fused_attention", "{:.0f}"),
     ("fused attention kernel: failed", "decoder_fused_attention_error", "{}"),
+    # the next four: on CUDA with Triton only
+    ("Tacotron2 ms per decoder step, batch 1, every fusion (attention, prenet, output)",
+     "decoder_ms_per_step_batch1_fused_step", "{:.3f}"),
+    ("Tacotron2 step speed-up at batch 1, every fusion over the module's kernels",
+     "decoder_fused_step_speedup_batch1", "{:.3f}x"),
+    ("Tacotron2 frames/s at bench batch, every fusion",
+     "decoder_frames_per_second_bench_batch_fused_step", "{:.0f}"),
+    ("every decoder fusion: failed", "decoder_fused_step_error", "{}"),
     ("WaveGlow TFLOP/s (reference arithmetic / time)", "waveglow_tflops", "{:.1f}"),
     ("WaveGlow TFLOP/s (arithmetic executed / time)", "waveglow_executed_tflops", "{:.1f}"),
     # the next four: on CUDA with Triton only

@@ -15,7 +15,12 @@ the eager decoder.
 With ``fused_attention=True`` (CUDA with Triton only) each step's attention
 block (~12 small kernels: query product, location convolution and dense
 layer, tanh, energies, masked softmax, context, cumulative add) runs as one
-Triton launch, ``kernels.attention_step``; off by default.
+Triton launch, ``kernels.attention_step``; off by default. Two more
+fusions, off by default too: ``fused_prenet=True`` (CUDA with Triton only)
+runs the prenet (2 products, 2 relus, 2 dropout masks) as one launch,
+``kernels.prenet_step``; ``fused_output=True`` (any device, plain torch)
+computes the frame and the gate logit with one product over the projection
+and gate weights stacked once (``_FusedOutput``), instead of two.
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ import torch
 from torch import Tensor
 
 from tts_cli import kernels
-from tts_cli.tacotron2 import Attention, DecodeSettings, DecoderState, Tacotron2, masks_for_steps
+from tts_cli.tacotron2 import (Attention, DecodeSettings, Decoder, DecoderState, Prenet, Tacotron2,
+                               masks_for_steps)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -77,9 +83,45 @@ class _FusedAttention:
         return context, new_weights, new_cum
 
 
+class _FusedPrenet:
+    """``Decoder.step``'s prenet (two layers) as one launch of
+    ``kernels.prenet_step``."""
+
+    def __init__(self, prenet: Prenet):
+        self.w1, self.w2 = (layer.linear_layer.weight.detach().contiguous() for layer in prenet.layers)
+
+    def __call__(self, frame: Tensor, keep_masks: list[Tensor] | None) -> Tensor:
+        out = frame.new_empty(frame.shape[0], self.w2.shape[0])
+        mask1, mask2 = keep_masks if keep_masks is not None else (None, None)
+        return kernels.prenet_step(frame, self.w1, self.w2, mask1, mask2, out)
+
+
+class _FusedOutput:
+    """``Decoder.step``'s projection (D -> n_mel) and gate layer (D -> 1) as
+    one product: their weights and biases stacked once, here, into an
+    (n_mel + 1, D) weight and an (n_mel + 1,) bias; the frame and the gate
+    logit are views of the one (B, n_mel + 1) result (the frame's rows are
+    n_mel + 1 apart)."""
+
+    def __init__(self, decoder: Decoder):
+        projection, gate = decoder.linear_projection.linear_layer, decoder.gate_layer.linear_layer
+        self.n_mel = projection.weight.shape[0]
+        self.weight = torch.cat((projection.weight, gate.weight)).detach()
+        self.bias = torch.cat((projection.bias, gate.bias)).detach()
+
+    def __call__(self, decoder_hidden: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+        out = torch.addmm(self.bias, torch.cat((decoder_hidden, context), 1), self.weight.t())
+        return out[:, :self.n_mel], out[:, self.n_mel]
+
+
 class GraphedDecoder:
+    """``fused_attention``, ``fused_prenet`` (CUDA with Triton only; elsewhere
+    the modules run) and ``fused_output`` (any device): candidate fusions of
+    a step's small kernels, each off by default; see the module docstring."""
+
     def __init__(self, model: Tacotron2, cfg: DecodeSettings, steps_per_graph: int = 16,
-                 memory_bucket: int = 32, fused_attention: bool = False):
+                 memory_bucket: int = 32, fused_attention: bool = False,
+                 fused_prenet: bool = False, fused_output: bool = False):
         self.model, self.cfg = model, cfg
         self.k, self.memory_bucket = steps_per_graph, memory_bucket
         self.graphs: dict[tuple[int, int], _Graph] = {}
@@ -90,8 +132,16 @@ class GraphedDecoder:
             self.flag = self.flag.pin_memory()
         # The fused attention kernel, where it can run (CUDA with Triton);
         # None: the attention module's own kernels.
+        triton_ok = self.on_cuda and kernels.available()
         self.attention = (_FusedAttention(model.decoder.attention_layer)
-                          if fused_attention and self.on_cuda and kernels.available() else None)
+                          if fused_attention and triton_ok else None)
+        # The fused prenet kernel (two layers exactly, as published), where it
+        # can run; None: the prenet module.
+        self.prenet = (_FusedPrenet(model.decoder.prenet)
+                       if fused_prenet and triton_ok and len(model.decoder.prenet.layers) == 2 else None)
+        # One product for the frame and the gate (plain torch: any device);
+        # None: the two layers.
+        self.output = _FusedOutput(model.decoder) if fused_output else None
 
     @torch.inference_mode()
     def decode(self, ids: Tensor, lengths: Tensor, seeds: Tensor,
@@ -205,7 +255,8 @@ class GraphedDecoder:
         for j in range(self.k):
             state, gate = self.model.decoder.step(state, g.memory, g.processed, g.invalid,
                                                   masks[j] if masks is not None else None,
-                                                  attention=self.attention)
+                                                  attention=self.attention, prenet=self.prenet,
+                                                  output=self.output)
             g.mels.index_copy_(0, g.step + j, state.frame.unsqueeze(0))
             g.gates[j].copy_(gate)
         self._judge_stops(g)

@@ -26,6 +26,11 @@ And one for Tacotron2's decoder (``GraphedDecoder(..., fused_attention=True)``):
   masked softmax, context, cumulative weights) in one launch, one program
   per batch row.
 
+And one for its prenet (``GraphedDecoder(..., fused_prenet=True)``):
+
+* ``prenet_step``: both prenet layers (product, relu, dropout keep mask,
+  twice) in one launch, each row on its own.
+
 ``available()`` is False without Triton or CUDA; callers then use plain torch.
 """
 from __future__ import annotations
@@ -453,3 +458,85 @@ def attention_step(ah: Tensor, w_query: Tensor, w_location: Tensor, weights: Ten
         BLOCK_R=min(_ATTENTION_BLOCK_R, _pow2(r)), BLOCK_A=_pow2(a), BLOCK_J=_pow2(2 * k),
         BLOCK_T=_ATTENTION_BLOCK_T, BLOCK_E=min(_ATTENTION_BLOCK_E, _pow2(e)),
         num_warps=_ATTENTION_WARPS)
+
+
+# ---------------------------------------------------------------------------
+# Tacotron2's prenet for one decoder step, in one launch (GraphedDecoder with
+# fused_prenet=True).
+
+if triton is not None:
+    @triton.jit
+    def _prenet_step_kernel(x_ptr, w1_ptr, w2_ptr, m1_ptr, m2_ptr, out_ptr, x_stride,
+                            K: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr,
+                            HAS_MASKS: tl.constexpr, BLOCK_K: tl.constexpr,
+                            BLOCK_H1: tl.constexpr, BLOCK_O: tl.constexpr):
+        # Program (row, o): the row's whole first layer (every program of the
+        # row computes the same h, in the same order), then outputs
+        # o*BLOCK_O .. o*BLOCK_O + BLOCK_O - 1 of the second. Nothing depends
+        # on the batch: a row's result is the same in any batch, bitwise.
+        row = tl.program_id(0).to(tl.int64)
+        j = tl.arange(0, BLOCK_H1)
+        in_j = j < H1
+
+        # h = relu(W1 x) * keep1, float32, kept in registers (never rounded)
+        h = tl.zeros((BLOCK_H1,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            in_k = k < K
+            x = tl.load(x_ptr + row * x_stride + k, mask=in_k, other=0.0).to(tl.float32)
+            w = tl.load(w1_ptr + j[:, None] * K + k[None, :], mask=in_j[:, None] & in_k[None, :],
+                        other=0.0).to(tl.float32)
+            h += tl.sum(w * x[None, :], axis=1)
+        h = tl.maximum(h, 0.0)
+        if HAS_MASKS:
+            h = h * tl.load(m1_ptr + row * H1 + j, mask=in_j, other=0.0).to(tl.float32)
+
+        # y = relu(W2 h) * keep2 for this program's block of outputs
+        o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
+        in_o = o < H2
+        w = tl.load(w2_ptr + o[:, None] * H1 + j[None, :], mask=in_o[:, None] & in_j[None, :],
+                    other=0.0).to(tl.float32)
+        y = tl.maximum(tl.sum(w * h[None, :], axis=1), 0.0)
+        if HAS_MASKS:
+            y = y * tl.load(m2_ptr + row * H2 + o, mask=in_o, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * H2 + o, y.to(out_ptr.dtype.element_ty), mask=in_o)
+
+
+# Launch shape of prenet_step: programs of 8 warps, each with a (64, H1)
+# block of W2 (32 KiB in fp16 at H1 = 256) besides all of W1 (40 KiB), so at
+# batch 1 four SMs share the second layer's weights instead of one streaming
+# all 128 KiB. A block as wide as H2 gives one program per row.
+_PRENET_WARPS, _PRENET_BLOCK_K, _PRENET_BLOCK_O = 8, 32, 64
+
+
+def prenet_step(frame: Tensor, w1: Tensor, w2: Tensor, mask1: Tensor | None,
+                mask2: Tensor | None, out: Tensor) -> Tensor:
+    """Tacotron2's two-layer prenet for one decoder step, in one launch
+    (inference only):
+
+        out = relu(W2 (relu(W1 frame) * mask1)) * mask2
+
+    frame: (B, K), row stride free (e.g. a view of a wider buffer); w1:
+    (H1, K) and w2: (H2, H1), contiguous (nn.Linear's weights, no bias);
+    mask1: (B, H1) and mask2: (B, H2), contiguous, the per-row dropout keep
+    masks already scaled by 1/(1-p), or both None (no dropout); out: (B, H2)
+    contiguous. One dtype for frame and the weights. float32 accumulation,
+    the hidden layer kept in float32, one rounding at the output; each row
+    is computed on its own, in an order that does not depend on B. Returns
+    ``out``."""
+    b, k = frame.shape
+    h1, h2 = w1.shape[0], w2.shape[0]
+    assert w1.shape == (h1, k) and w2.shape == (h2, h1) and out.shape == (b, h2)
+    assert frame.stride(1) == 1 and w1.is_contiguous() and w2.is_contiguous() and out.is_contiguous()
+    assert frame.dtype == w1.dtype == w2.dtype
+    assert (mask1 is None) == (mask2 is None)
+    if mask1 is not None:
+        assert mask1.shape == (b, h1) and mask2.shape == (b, h2)
+        assert mask1.is_contiguous() and mask2.is_contiguous()
+    block_o = min(_PRENET_BLOCK_O, _pow2(h2))
+    _prenet_step_kernel[(b, triton.cdiv(h2, block_o))](
+        frame, w1, w2, mask1 if mask1 is not None else out, mask2 if mask2 is not None else out,
+        out, frame.stride(0), K=k, H1=h1, H2=h2, HAS_MASKS=mask1 is not None,
+        BLOCK_K=min(_PRENET_BLOCK_K, _pow2(k)), BLOCK_H1=_pow2(h1), BLOCK_O=block_o,
+        num_warps=_PRENET_WARPS)
+    return out

@@ -198,14 +198,19 @@ class Decoder(nn.Module):
 
     def step(self, s: DecoderState, memory: Tensor, processed_memory: Tensor,
              invalid: Tensor, keep_masks: list[Tensor] | None,
-             attention: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
+             attention: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None,
+             prenet: Callable[[Tensor, list[Tensor] | None], Tensor] | None = None,
+             output: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
              ) -> tuple[DecoderState, Tensor]:
         """One frame for every row. Returns the new state (its ``frame`` is the
-        output frame) and the gate logits (B,). ``attention``, if given, stands
-        in for the attention layer and the cumulative add: (query, weights,
-        weights_cum, memory, processed_memory, invalid) -> (context, weights,
-        weights_cum + weights), e.g. a fused kernel (decoder_graph.py)."""
-        x = self.prenet(s.frame, keep_masks)
+        output frame) and the gate logits (B,). The hooks, if given, stand in
+        for parts of the step, e.g. fused kernels (decoder_graph.py):
+        ``attention`` for the attention layer and the cumulative add: (query,
+        weights, weights_cum, memory, processed_memory, invalid) -> (context,
+        weights, weights_cum + weights); ``prenet`` for the prenet: (frame,
+        keep_masks) -> prenet output; ``output`` for the projection and the
+        gate layer: (decoder hidden, context) -> (frame (B, n_mel), gate (B,))."""
+        x = self.prenet(s.frame, keep_masks) if prenet is None else prenet(s.frame, keep_masks)
         ah, ac = self.attention_rnn(torch.cat((x, s.attention_context), 1),
                                     (s.attention_hidden, s.attention_cell))
         if attention is None:
@@ -216,9 +221,12 @@ class Decoder(nn.Module):
             context, weights, weights_cum = attention(ah, s.attention_weights, s.attention_weights_cum,
                                                       memory, processed_memory, invalid)
         dh, dc = self.decoder_rnn(torch.cat((ah, context), 1), (s.decoder_hidden, s.decoder_cell))
-        hidden_context = torch.cat((dh, context), 1)
-        frame = self.linear_projection(hidden_context)
-        gate = self.gate_layer(hidden_context).squeeze(1)
+        if output is None:
+            hidden_context = torch.cat((dh, context), 1)
+            frame = self.linear_projection(hidden_context)
+            gate = self.gate_layer(hidden_context).squeeze(1)
+        else:
+            frame, gate = output(dh, context)
         new = DecoderState(ah, ac, dh, dc, weights, weights_cum, context, frame)
         return new, gate
 
