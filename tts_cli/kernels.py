@@ -310,6 +310,22 @@ def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18) 
 
 if triton is not None:
     @triton.jit
+    def _matrix_times_row(w_ptr, x_ptr, outs, in_outs, N_IN: tl.constexpr,
+                          BLOCK_OUT: tl.constexpr, BLOCK_IN: tl.constexpr):
+        """Rows ``outs`` of W (row-major, N_IN wide) times the vector at
+        x_ptr, in float32, over input blocks in a fixed order (the result of
+        one batch row does not depend on the others)."""
+        acc = tl.zeros((BLOCK_OUT,), dtype=tl.float32)
+        for i0 in range(0, N_IN, BLOCK_IN):
+            i = i0 + tl.arange(0, BLOCK_IN)
+            in_i = i < N_IN
+            x = tl.load(x_ptr + i, mask=in_i, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + outs[:, None] * N_IN + i[None, :], mask=in_outs[:, None] & in_i[None, :],
+                        other=0.0).to(tl.float32)
+            acc += tl.sum(w * x[None, :], axis=1)
+        return acc
+
+    @triton.jit
     def _attention_step_kernel(ah_ptr, wq_ptr, wloc_ptr, w_ptr, cum_ptr, pm_ptr, v_ptr, invalid_ptr,
                                mem_ptr, ctx_ptr, w_out_ptr, cum_out_ptr, e_ptr, T, E,
                                R: tl.constexpr, A: tl.constexpr, K: tl.constexpr,
@@ -324,15 +340,7 @@ if triton is not None:
         a = tl.arange(0, BLOCK_A)
         in_a = a < A
 
-        # q = W_q @ ah, float32
-        q = tl.zeros((BLOCK_A,), dtype=tl.float32)
-        for r0 in range(0, R, BLOCK_R):
-            r = r0 + tl.arange(0, BLOCK_R)
-            in_r = r < R
-            h = tl.load(ah_ptr + row * R + r, mask=in_r, other=0.0).to(tl.float32)
-            w_q = tl.load(wq_ptr + a[:, None] * R + r[None, :], mask=in_a[:, None] & in_r[None, :],
-                          other=0.0).to(tl.float32)
-            q += tl.sum(w_q * h[None, :], axis=1)
+        q = _matrix_times_row(wq_ptr, ah_ptr + row * R, a, in_a, R, BLOCK_A, BLOCK_R)   # W_q @ ah
         v = tl.load(v_ptr + a, mask=in_a, other=0.0).to(tl.float32)
 
         # The location convolution and dense layer, folded: column j = c*K + k
@@ -479,15 +487,7 @@ if triton is not None:
         in_j = j < H1
 
         # h = relu(W1 x) * keep1, float32, kept in registers (never rounded)
-        h = tl.zeros((BLOCK_H1,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            in_k = k < K
-            x = tl.load(x_ptr + row * x_stride + k, mask=in_k, other=0.0).to(tl.float32)
-            w = tl.load(w1_ptr + j[:, None] * K + k[None, :], mask=in_j[:, None] & in_k[None, :],
-                        other=0.0).to(tl.float32)
-            h += tl.sum(w * x[None, :], axis=1)
-        h = tl.maximum(h, 0.0)
+        h = tl.maximum(_matrix_times_row(w1_ptr, x_ptr + row * x_stride, j, in_j, K, BLOCK_H1, BLOCK_K), 0.0)
         if HAS_MASKS:
             h = h * tl.load(m1_ptr + row * H1 + j, mask=in_j, other=0.0).to(tl.float32)
 
