@@ -43,21 +43,21 @@ done
 gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
 t2_gpu=${T2_GPU:-0}
 wg_gpu=${WG_GPU:-$([ "$gpus" -ge 2 ] && echo 1 || echo 0)}
-t2_start=$(date +%s)
-# Both trainers replay their steps from CUDA graphs; should a process fail
-# on this machine, the rest of its budget runs eagerly (slower, not lost).
-( export CUDA_VISIBLE_DEVICES=$t2_gpu
-  python3 $R/train_tacotron2.py --data runs/data --out runs/tacotron2 --minutes "$minutes" --batch-size 128 \
-  || python3 $R/train_tacotron2.py --data runs/data --out runs/tacotron2 --batch-size 128 --no-graphs \
-        --minutes "$(python3 -c "print(max(0, $minutes - ($(date +%s) - $t2_start) / 60))")"
-) > runs/tacotron2.out 2>&1 &
+# train MODEL GPU BATCH: train_MODEL.py on GPU for MINUTES. Both trainers
+# replay their steps from CUDA graphs; should a process fail on this
+# machine, the rest of its budget runs eagerly (slower, not lost).
+train() {
+    local model=$1 started
+    started=$(date +%s)
+    export CUDA_VISIBLE_DEVICES=$2
+    local args=(--data runs/data --out runs/$model --batch-size "$3")
+    python3 $R/train_$model.py "${args[@]}" --minutes "$minutes" \
+    || python3 $R/train_$model.py "${args[@]}" --no-graphs \
+           --minutes "$(python3 -c "print(max(0, $minutes - ($(date +%s) - $started) / 60))")"
+}
+( train tacotron2 "$t2_gpu" 128 ) > runs/tacotron2.out 2>&1 &
 t2=$!
-wg_start=$(date +%s)
-( export CUDA_VISIBLE_DEVICES=$wg_gpu
-  python3 $R/train_waveglow.py --data runs/data --out runs/waveglow --batch-size 64 --minutes "$minutes" \
-  || python3 $R/train_waveglow.py --data runs/data --out runs/waveglow --batch-size 64 --no-graphs \
-        --minutes "$(python3 -c "print(max(0, $minutes - ($(date +%s) - $wg_start) / 60))")"
-) > runs/waveglow.out 2>&1
+( train waveglow "$wg_gpu" 64 ) > runs/waveglow.out 2>&1
 wait $t2
 tail -n 4 runs/tacotron2.out runs/waveglow.out
 # What comes back (at most 8 files of 16 MiB): the logs, and both checkpoints
