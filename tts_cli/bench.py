@@ -180,6 +180,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
             replace(settings, force=True), window, Path(tmp) / "busy", on_notice=lambda m: None,
             engine=engine, frames_per_symbol=FRAMES_PER_SYMBOL), device)
         baseline = _baseline(engine, b, settings, Path(tmp))
+        every_candidate = _every_candidate_end_to_end(engine, settings, corpus, window, summary.speed)
 
     step_ms_1 = _decoder_ms_per_step(engine, 1)
     step_ms_b = _decoder_ms_per_step(engine, b.batch_size)
@@ -204,6 +205,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         **matmul_fused,
         **fused_attention,
         **fused_step,
+        **every_candidate,
     }
     return result
 
@@ -394,6 +396,31 @@ def _decoder_fused_step(engine: Engine, plain_ms_batch1: float, batch: int) -> d
                               fused_attention=True, fused_prenet=True, fused_output=True)
 
 
+def _every_candidate_end_to_end(engine: Engine, settings: Settings, corpus: Path, window: Path,
+                                running_speed: float) -> dict:
+    """The corpus end to end once more with every candidate on (WaveGlow's
+    matmul-fused kernels and every decoder fusion, same weights), and its GPU
+    busy fraction over the same window: what making them the default would
+    give, as a ratio against the running path from this run. Empty where they
+    cannot run; a failure is reported, not raised."""
+    if engine.graphed is None or not kernels.available():
+        return {}
+    try:
+        every, _ = _matmul_fused_engine(engine)
+        every.graphed = GraphedDecoder(engine.tacotron2, engine.settings.decode, fused_attention=True,
+                                       fused_prenet=True, fused_output=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = _corpus_run(settings, corpus, Path(tmp) / "out", every)
+            busy = gpu_busy_fraction(lambda: synthesize_corpus(
+                replace(settings, force=True), window, Path(tmp) / "busy", on_notice=lambda m: None,
+                engine=every, frames_per_symbol=FRAMES_PER_SYMBOL), engine.device)
+    except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
+        return {"every_candidate_error": f"{type(e).__name__}: {e}"[:300]}
+    return {"every_candidate_audio_seconds_per_second": summary.speed,
+            "every_candidate_speedup_end_to_end": summary.speed / running_speed,
+            "every_candidate_gpu_busy_fraction": busy}
+
+
 def _waveglow_tflops(engine: Engine) -> tuple[float, float]:
     """(reference arithmetic, executed arithmetic) per second of WaveGlow time, in TFLOP/s."""
     # 32 lines x 800 frames fills a GPU; a CPU gets a size it finishes.
@@ -468,6 +495,13 @@ TABLE = [
     ("matmul-fused kernels: autotuning s (start-up if made default)", "waveglow_matmul_fused_tune_seconds",
      "{:.1f}"),
     ("matmul-fused kernels: failed", "waveglow_matmul_fused_error", "{}"),
+    # the next four: on CUDA with Triton only
+    ("every candidate on (matmul-fused WaveGlow, every decoder fusion): audio s per wall s",
+     "every_candidate_audio_seconds_per_second", "{:.1f}"),
+    ("every candidate on: end-to-end speed-up over the running path", "every_candidate_speedup_end_to_end",
+     "{:.3f}x"),
+    ("every candidate on: GPU busy (same window)", "every_candidate_gpu_busy_fraction", "{:.1%}"),
+    ("every candidate on: failed", "every_candidate_error", "{}"),
     ("matmul ceiling TFLOP/s (measured now)", "matmul_ceiling_tflops", "{:.1f}"),
     ("WaveGlow fraction of ceiling (reference arithmetic)", "waveglow_fraction_of_ceiling", "{:.1%}"),
     ("peak GPU memory GiB", "peak_gpu_memory_gib", "{:.1f}"),

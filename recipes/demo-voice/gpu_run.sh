@@ -46,17 +46,23 @@ wg_gpu=${WG_GPU:-$([ "$gpus" -ge 2 ] && echo 1 || echo 0)}
 # train MODEL GPU BATCH: train_MODEL.py on GPU for MINUTES. Both trainers
 # replay their steps from CUDA graphs; should a process fail on this
 # machine, the rest of its budget runs eagerly (slower, not lost).
+# left: what is left of MINUTES since the trainings were due to start.
+left() { python3 -c "print(max(0, $minutes - ($(date +%s) - $started) / 60))"; }
+started=$(date +%s)
 train() {
-    local model=$1 started
-    started=$(date +%s)
+    local model=$1
     export CUDA_VISIBLE_DEVICES=$2
     local args=(--data runs/data --out runs/$model --batch-size "$3")
-    python3 $R/train_$model.py "${args[@]}" --minutes "$minutes" \
-    || python3 $R/train_$model.py "${args[@]}" --no-graphs \
-           --minutes "$(python3 -c "print(max(0, $minutes - ($(date +%s) - $started) / 60))")"
+    python3 $R/train_$model.py "${args[@]}" --minutes "$(left)" \
+    || python3 $R/train_$model.py "${args[@]}" --no-graphs --minutes "$(left)"
 }
 ( train tacotron2 "$t2_gpu" 128 ) > runs/tacotron2.out 2>&1 &
 t2=$!
+# WG_AFTER=FILE: WaveGlow's GPU first serves another job (a benchmark in the
+# same device call); its training waits for FILE and takes what is left.
+if [ -n "${WG_AFTER:-}" ]; then
+    while [ ! -e "$WG_AFTER" ] && [ "$(left)" != 0 ]; do sleep 2; done
+fi
 ( train waveglow "$wg_gpu" 64 ) > runs/waveglow.out 2>&1
 wait $t2
 tail -n 4 runs/tacotron2.out runs/waveglow.out
