@@ -194,9 +194,16 @@ if triton is not None:
 
     # Few configs: every one is compiled and timed once per (C, dtypes) at
     # start-up (FastWaveGlow's constructor, ``tune``), inside a 20 s budget.
+    # Two float32 accumulators per tile: a (128, 128) tile holds 128 KB of
+    # them, so narrower column blocks (less register pressure) are tried too.
+    # (H200, 2026-11-29: the first six ran at half cuBLAS's speed for the same
+    # product; the best was (128, 128, 32, 8 warps, 4 stages).)
     _TAPS_GATE_CONFIGS = [_config(128, 128, 64, 8, 3), _config(128, 128, 64, 8, 4),
                           _config(128, 128, 32, 8, 4), _config(128, 64, 64, 4, 4),
-                          _config(64, 128, 64, 4, 4), _config(64, 64, 64, 4, 3)]
+                          _config(64, 128, 64, 4, 4), _config(64, 64, 64, 4, 3),
+                          _config(128, 64, 64, 8, 3), _config(128, 64, 32, 8, 5),
+                          _config(256, 64, 64, 8, 3), _config(256, 64, 32, 8, 4),
+                          _config(128, 32, 64, 4, 4), _config(64, 64, 32, 4, 5)]
     # Memory bound (K = C): a block as wide as C reads each row of acts once.
     _RESIDUAL_CONFIGS = [_config(64, 256, 64, 8, 3), _config(128, 128, 64, 8, 3),
                          _config(64, 128, 64, 4, 3), _config(128, 64, 64, 4, 4)]
