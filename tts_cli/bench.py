@@ -39,11 +39,12 @@ from tts_cli import text as frontend
 from tts_cli.config import Settings, load_settings
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.distributed import Group
-from tts_cli.engine import PRECISIONS, Engine, Job, resolve_device, resolve_precision
+from tts_cli.engine import DECODER_FUSIONS, PRECISIONS, Engine, Job, resolve_device, resolve_precision
 from tts_cli.pipeline import RunSummary, synthesize_corpus
 from tts_cli.voice import synthesis_settings
 from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, Tacotron2
 from tts_cli.waveglow import PUBLISHED_DIMS as WAVEGLOW_DIMS, WaveGlow, WaveGlowDims
+from tts_cli.waveglow_fast import FastWaveGlow
 
 FRAMES_PER_SYMBOL = 5.7
 SAMPLE_CORPUS = Path(__file__).parent / "data" / "ljspeech_2000.psv"
@@ -180,19 +181,22 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
             replace(settings, force=True), window, Path(tmp) / "busy", on_notice=lambda m: None,
             engine=engine, frames_per_symbol=FRAMES_PER_SYMBOL), device)
         baseline = _baseline(engine, b, settings, Path(tmp))
-        every_candidate = _every_candidate_end_to_end(engine, settings, corpus, window, summary.speed)
+        every_fusion = _every_decoder_fusion_end_to_end(engine, settings, corpus, window, summary.speed)
 
     step_ms_1 = _decoder_ms_per_step(engine, 1)
     step_ms_b = _decoder_ms_per_step(engine, b.batch_size)
-    fused_attention = _decoder_fused_attention(engine, step_ms_1, b.batch_size)
-    fused_step = _decoder_fused_step(engine, step_ms_1, b.batch_size)
+    decoder_candidates = {}
+    for name, fusions in DECODER_CANDIDATES.items():
+        decoder_candidates.update(_decoder_candidate(engine, step_ms_1, b.batch_size, name, fusions))
     wg_tflops, wg_executed = _waveglow_tflops(engine)
-    matmul_fused = _waveglow_matmul_fused(engine, wg_tflops)
+    other_kernels = _waveglow_other_kernels(engine, wg_tflops)
     ceiling = matmul_ceiling_tflops(device, torch.float16 if dtype == torch.float32 else dtype)
     speed = summary.speed
     result = {
         **_corpus_result(b, device, settings, summary),
         "gpu_busy_fraction": busy,
+        "decoder_fusions": "+".join(_running_fusions(engine)) or "none",
+        "waveglow_kernels": engine.fast_waveglow.kernels_mode if engine.fast_waveglow else "none",
         "decoder_ms_per_step_batch1": step_ms_1,
         "decoder_frames_per_second_bench_batch": b.batch_size / step_ms_b * 1e3,
         "waveglow_tflops": wg_tflops, "waveglow_executed_tflops": wg_executed,
@@ -202,10 +206,9 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         "baseline_lines": baseline["lines"],
         "baseline_audio_seconds_per_second": baseline["speed"],
         "speedup_over_baseline": speed / baseline["speed"] if baseline["speed"] else float("nan"),
-        **matmul_fused,
-        **fused_attention,
-        **fused_step,
-        **every_candidate,
+        **other_kernels,
+        **decoder_candidates,
+        **every_fusion,
     }
     return result
 
@@ -317,10 +320,10 @@ def _engine(b: BenchSettings) -> Engine:
 
 def profile_only(b: BenchSettings) -> str:
     engine = _engine(b)
-    report = waveglow_kernel_profile(engine)
-    matmul_engine, _ = _matmul_fused_engine(engine)
-    if matmul_engine is not None:
-        report += "\n\nmatmul-fused kernels (kernels_mode=\"matmul\"):\n" + waveglow_kernel_profile(matmul_engine)
+    running = engine.fast_waveglow.kernels_mode if engine.fast_waveglow else "plain"
+    report = f"kernels_mode={running!r} (running):\n" + waveglow_kernel_profile(engine)
+    for mode in _other_kernels_modes(engine):
+        report += f"\n\nkernels_mode={mode!r}:\n" + waveglow_kernel_profile(_waveglow_engine(engine, mode)[0])
     return report
 
 
@@ -356,69 +359,81 @@ def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
     return (run(300) - run(100)) / 200 * 1e3
 
 
-def _decoder_candidate(engine: Engine, plain_ms_batch1: float, batch: int, name: str,
-                       **fusions: bool) -> dict:
-    """The decoder step with candidate fusions (GraphedDecoder(**fusions),
-    same weights), measured like ``_decoder_ms_per_step`` in the same run:
-    the candidate against the running path as one ratio, under keys named
-    after ``name``. Empty where it cannot run (no CUDA or no Triton, or a
-    requested Triton fusion not taken); a failure of the candidate is
+# Decoder fusions measured beside the running ones (engine.DECODER_FUSIONS),
+# each added to them; "fused_step" turns every one on.
+DECODER_CANDIDATES = {
+    "fused_output": {"fused_output": True},
+    "fused_prenet": {"fused_prenet": True},
+    "fused_rnn": {"fused_rnn": True},
+    "fused_step": {"fused_output": True, "fused_prenet": True, "fused_rnn": True},
+}
+
+
+def _fusion_taken(graphed: GraphedDecoder, flag: str) -> bool:
+    """Whether ``graphed`` runs the fusion ``flag`` (e.g. fused_attention ->
+    its ``attention`` hook); a fusion that cannot run here leaves it None."""
+    return getattr(graphed, flag.removeprefix("fused_"), None) is not None
+
+
+def _running_fusions(engine: Engine) -> list[str]:
+    if engine.graphed is None:
+        return []
+    flags = {f for fusions in DECODER_CANDIDATES.values() for f in fusions} | set(DECODER_FUSIONS)
+    return sorted(f.removeprefix("fused_") for f in flags if _fusion_taken(engine.graphed, f))
+
+
+def _candidate_decoder(engine: Engine, fusions: dict) -> GraphedDecoder:
+    return GraphedDecoder(engine.tacotron2, engine.settings.decode, **{**DECODER_FUSIONS, **fusions})
+
+
+def _decoder_candidate(engine: Engine, running_ms_batch1: float, batch: int, name: str,
+                       fusions: dict) -> dict:
+    """The decoder step with the running fusions plus ``fusions`` (same
+    weights), measured like ``_decoder_ms_per_step`` in the same run: the
+    candidate against the running path as one ratio, under keys named after
+    ``name``. Empty where it cannot run (no CUDA or no Triton, a requested
+    fusion not taken) or adds nothing; a failure of the candidate is
     reported, not raised (the run's other measures stand)."""
     if engine.graphed is None or not kernels.available():
         return {}
+    if all(DECODER_FUSIONS.get(flag) == on for flag, on in fusions.items()):
+        return {}
     try:
         fused = copy.copy(engine)
-        fused.graphed = GraphedDecoder(engine.tacotron2, engine.settings.decode, **fusions)
-        taken = {"fused_attention": fused.graphed.attention, "fused_prenet": fused.graphed.prenet,
-                 "fused_output": fused.graphed.output}
-        if any(on and taken[flag] is None for flag, on in fusions.items()):
+        fused.graphed = _candidate_decoder(engine, fusions)
+        if any(on and not _fusion_taken(fused.graphed, flag) for flag, on in fusions.items()):
             return {}
         ms_1 = _decoder_ms_per_step(fused, 1)
         ms_b = _decoder_ms_per_step(fused, batch)
     except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
         return {f"decoder_{name}_error": f"{type(e).__name__}: {e}"[:300]}
     return {f"decoder_ms_per_step_batch1_{name}": ms_1,
-            f"decoder_{name}_speedup_batch1": plain_ms_batch1 / ms_1,
+            f"decoder_{name}_speedup_batch1": running_ms_batch1 / ms_1,
             f"decoder_frames_per_second_bench_batch_{name}": batch / ms_b * 1e3}
 
 
-def _decoder_fused_attention(engine: Engine, plain_ms_batch1: float, batch: int) -> dict:
-    """The decoder step with the fused attention kernel alone
-    (GraphedDecoder(fused_attention=True)): ``_decoder_candidate``."""
-    return _decoder_candidate(engine, plain_ms_batch1, batch, "fused_attention", fused_attention=True)
-
-
-def _decoder_fused_step(engine: Engine, plain_ms_batch1: float, batch: int) -> dict:
-    """The decoder step with every fusion on: the attention and the prenet
-    kernels, the projection and the gate as one product:
-    ``_decoder_candidate``, keys ``..._fused_step``."""
-    return _decoder_candidate(engine, plain_ms_batch1, batch, "fused_step",
-                              fused_attention=True, fused_prenet=True, fused_output=True)
-
-
-def _every_candidate_end_to_end(engine: Engine, settings: Settings, corpus: Path, window: Path,
-                                running_speed: float) -> dict:
-    """The corpus end to end once more with every candidate on (WaveGlow's
-    matmul-fused kernels and every decoder fusion, same weights), and its GPU
-    busy fraction over the same window: what making them the default would
-    give, as a ratio against the running path from this run. Empty where they
+def _every_decoder_fusion_end_to_end(engine: Engine, settings: Settings, corpus: Path, window: Path,
+                                     running_speed: float) -> dict:
+    """The corpus end to end once more with every decoder fusion on (the
+    "fused_step" candidate, same weights, same WaveGlow), and its GPU busy
+    fraction over the same window: what making them the default would give,
+    as a ratio against the running path from this run. Empty where they
     cannot run; a failure is reported, not raised."""
     if engine.graphed is None or not kernels.available():
         return {}
     try:
-        every, _ = _matmul_fused_engine(engine)
-        every.graphed = GraphedDecoder(engine.tacotron2, engine.settings.decode, fused_attention=True,
-                                       fused_prenet=True, fused_output=True)
+        every = copy.copy(engine)
+        every.graphed = _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])
         with tempfile.TemporaryDirectory() as tmp:
             summary = _corpus_run(settings, corpus, Path(tmp) / "out", every)
             busy = gpu_busy_fraction(lambda: synthesize_corpus(
                 replace(settings, force=True), window, Path(tmp) / "busy", on_notice=lambda m: None,
                 engine=every, frames_per_symbol=FRAMES_PER_SYMBOL), engine.device)
     except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
-        return {"every_candidate_error": f"{type(e).__name__}: {e}"[:300]}
-    return {"every_candidate_audio_seconds_per_second": summary.speed,
-            "every_candidate_speedup_end_to_end": summary.speed / running_speed,
-            "every_candidate_gpu_busy_fraction": busy}
+        return {"decoder_fused_step_end_to_end_error": f"{type(e).__name__}: {e}"[:300]}
+    return {"decoder_fused_step_audio_seconds_per_second": summary.speed,
+            "decoder_fused_step_speedup_end_to_end": summary.speed / running_speed,
+            "decoder_fused_step_gpu_busy_fraction": busy}
 
 
 def _waveglow_tflops(engine: Engine) -> tuple[float, float]:
@@ -434,74 +449,89 @@ def _waveglow_tflops(engine: Engine) -> tuple[float, float]:
             waveglow_flops_per_sample(d, folded=engine.fast) * samples_per_second / 1e12)
 
 
-def _matmul_fused_engine(engine: Engine) -> tuple[Engine | None, float]:
-    """(the engine with WaveGlow's kernels_mode "matmul": products with the
-    elementwise work fused in, same weights; seconds its autotuning took),
-    or (None, nan) where that path cannot run (no CUDA or no Triton)."""
+def _other_kernels_modes(engine: Engine) -> list[str]:
+    """WaveGlow's kernels modes other than the running one, where the fused
+    kernels can run (CUDA with Triton)."""
     if engine.fast_waveglow is None or engine.device.type != "cuda" or not kernels.available():
-        return None, float("nan")
+        return []
+    return [m for m in FastWaveGlow.KERNELS_MODES if m != engine.fast_waveglow.kernels_mode]
+
+
+def _waveglow_engine(engine: Engine, mode: str) -> tuple[Engine, float]:
+    """(the engine with WaveGlow in kernels mode ``mode``, same weights;
+    seconds its autotuning took)."""
     _sync(engine.device)
     started = time.perf_counter()
     other = copy.copy(engine)
-    other.fast_waveglow = engine.fast_waveglow.with_kernels("matmul")
+    other.fast_waveglow = engine.fast_waveglow.with_kernels(mode)
     _sync(engine.device)
     return other, time.perf_counter() - started
 
 
-def _waveglow_matmul_fused(engine: Engine, elementwise_tflops: float) -> dict:
-    """WaveGlow alone with the matmul-fused kernels, measured like
-    ``_waveglow_tflops`` in the same run: the candidate against the running
-    path as one ratio. Empty where that path cannot run; a failure of this
-    candidate is reported, not raised (the run's other measures stand)."""
-    try:
-        matmul_engine, tune_seconds = _matmul_fused_engine(engine)
-        if matmul_engine is None:
-            return {}
-        tflops, _ = _waveglow_tflops(matmul_engine)
-    except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
-        return {"waveglow_matmul_fused_error": f"{type(e).__name__}: {e}"[:300]}
-    return {"waveglow_matmul_fused_tflops": tflops,
-            "waveglow_matmul_fused_speedup": tflops / elementwise_tflops,
-            "waveglow_matmul_fused_tune_seconds": tune_seconds}
+def _waveglow_other_kernels(engine: Engine, running_tflops: float) -> dict:
+    """WaveGlow alone in each other kernels mode, measured like
+    ``_waveglow_tflops`` in the same run: each against the running mode as
+    one ratio (> 1: faster than the running mode). A failure is reported,
+    not raised (the run's other measures stand)."""
+    result = {}
+    for mode in _other_kernels_modes(engine):
+        try:
+            other, tune_seconds = _waveglow_engine(engine, mode)
+            tflops, _ = _waveglow_tflops(other)
+        except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
+            result[f"waveglow_{mode}_kernels_error"] = f"{type(e).__name__}: {e}"[:300]
+            continue
+        result.update({f"waveglow_{mode}_kernels_tflops": tflops,
+                       f"waveglow_{mode}_kernels_speedup": tflops / running_tflops,
+                       f"waveglow_{mode}_kernels_tune_seconds": tune_seconds})
+    return result
+
+
+def _decoder_candidate_rows() -> list:
+    """Table rows of each decoder candidate (CUDA with Triton only)."""
+    rows = []
+    for name, fusions in DECODER_CANDIDATES.items():
+        label = "every fusion" if name == "fused_step" else "+ " + name.removeprefix("fused_")
+        rows += [(f"Tacotron2 ms per decoder step, batch 1, {label}", f"decoder_ms_per_step_batch1_{name}", "{:.3f}"),
+                 (f"Tacotron2 step speed-up at batch 1, {label} over the running step",
+                  f"decoder_{name}_speedup_batch1", "{:.3f}x"),
+                 (f"Tacotron2 frames/s at bench batch, {label}",
+                  f"decoder_frames_per_second_bench_batch_{name}", "{:.0f}"),
+                 (f"decoder {label}: failed", f"decoder_{name}_error", "{}")]
+    return rows
+
+
+def _waveglow_mode_rows() -> list:
+    """Table rows of each WaveGlow kernels mode not running (CUDA with Triton only)."""
+    rows = []
+    for mode in FastWaveGlow.KERNELS_MODES:
+        rows += [(f"WaveGlow TFLOP/s, {mode} kernels (reference arithmetic)", f"waveglow_{mode}_kernels_tflops",
+                  "{:.1f}"),
+                 (f"WaveGlow speed-up, {mode} kernels over the running mode", f"waveglow_{mode}_kernels_speedup",
+                  "{:.3f}x"),
+                 (f"{mode} kernels: autotuning s", f"waveglow_{mode}_kernels_tune_seconds", "{:.1f}"),
+                 (f"{mode} kernels: failed", f"waveglow_{mode}_kernels_error", "{}")]
+    return rows
 
 
 TABLE = [
     ("audio seconds per wall second", "audio_seconds_per_second", "{:.1f}"),
     ("samples per second", "samples_per_second", "{:.3g}"),
     ("GPU busy (steady state: middle half of a 4-batch window)", "gpu_busy_fraction", "{:.1%}"),
+    ("decoder fusions running", "decoder_fusions", "{}"),
+    ("WaveGlow kernels running", "waveglow_kernels", "{}"),
     ("Tacotron2 ms per decoder step, batch 1", "decoder_ms_per_step_batch1", "{:.3f}"),
     ("Tacotron2 frames/s at bench batch", "decoder_frames_per_second_bench_batch", "{:.0f}"),
-    # the next four: on CUDA with Triton only
-    ("Tacotron2 ms per decoder step, batch 1, fused attention kernel",
-     "decoder_ms_per_step_batch1_fused_attention", "{:.3f}"),
-    ("Tacotron2 step speed-up at batch 1, fused attention over the module's kernels",
-     "decoder_fused_attention_speedup_batch1", "{:.3f}x"),
-    ("Tacotron2 frames/s at bench batch, fused attention kernel",
-     "decoder_frames_per_second_bench_batch_fused_attention", "{:.0f}"),
-    ("fused attention kernel: failed", "decoder_fused_attention_error", "{}"),
-    # the next four: on CUDA with Triton only
-    ("Tacotron2 ms per decoder step, batch 1, every fusion (attention, prenet, output)",
-     "decoder_ms_per_step_batch1_fused_step", "{:.3f}"),
-    ("Tacotron2 step speed-up at batch 1, every fusion over the module's kernels",
-     "decoder_fused_step_speedup_batch1", "{:.3f}x"),
-    ("Tacotron2 frames/s at bench batch, every fusion",
-     "decoder_frames_per_second_bench_batch_fused_step", "{:.0f}"),
-    ("every decoder fusion: failed", "decoder_fused_step_error", "{}"),
+    *_decoder_candidate_rows(),
     ("WaveGlow TFLOP/s (reference arithmetic / time)", "waveglow_tflops", "{:.1f}"),
     ("WaveGlow TFLOP/s (arithmetic executed / time)", "waveglow_executed_tflops", "{:.1f}"),
-    # the next four: on CUDA with Triton only
-    ("WaveGlow TFLOP/s, matmul-fused kernels (reference arithmetic)", "waveglow_matmul_fused_tflops", "{:.1f}"),
-    ("WaveGlow speed-up, matmul-fused over elementwise kernels", "waveglow_matmul_fused_speedup", "{:.3f}x"),
-    ("matmul-fused kernels: autotuning s (start-up if made default)", "waveglow_matmul_fused_tune_seconds",
+    *_waveglow_mode_rows(),
+    ("every decoder fusion, end to end: audio s per wall s", "decoder_fused_step_audio_seconds_per_second",
      "{:.1f}"),
-    ("matmul-fused kernels: failed", "waveglow_matmul_fused_error", "{}"),
-    # the next four: on CUDA with Triton only
-    ("every candidate on (matmul-fused WaveGlow, every decoder fusion): audio s per wall s",
-     "every_candidate_audio_seconds_per_second", "{:.1f}"),
-    ("every candidate on: end-to-end speed-up over the running path", "every_candidate_speedup_end_to_end",
-     "{:.3f}x"),
-    ("every candidate on: GPU busy (same window)", "every_candidate_gpu_busy_fraction", "{:.1%}"),
-    ("every candidate on: failed", "every_candidate_error", "{}"),
+    ("every decoder fusion, end to end: speed-up over the running path",
+     "decoder_fused_step_speedup_end_to_end", "{:.3f}x"),
+    ("every decoder fusion: GPU busy (same window)", "decoder_fused_step_gpu_busy_fraction", "{:.1%}"),
+    ("every decoder fusion, end to end: failed", "decoder_fused_step_end_to_end_error", "{}"),
     ("matmul ceiling TFLOP/s (measured now)", "matmul_ceiling_tflops", "{:.1f}"),
     ("WaveGlow fraction of ceiling (reference arithmetic)", "waveglow_fraction_of_ceiling", "{:.1%}"),
     ("peak GPU memory GiB", "peak_gpu_memory_gib", "{:.1f}"),

@@ -109,6 +109,15 @@ class Result:
     truncated: bool         # hit max_decoder_steps without the gate firing
 
 
+# What the fast path runs on CUDA, chosen by `tts-batch bench` measurements on
+# an H200 (BENCHMARKS.md, 2026-11-29): the decoder's attention as one fused
+# kernel (0.066 against 0.088 ms per step at batch 1; 1.23M against 1.03M
+# frames/s at batch 128) and WaveGlow's matmul-fused kernels (438.6 against
+# 404.7 TFLOP/s). The bench measures the alternatives beside these.
+DECODER_FUSIONS = {"fused_attention": True}
+WAVEGLOW_KERNELS = "matmul"
+
+
 class Engine:
     """Tacotron2 + WaveGlow + denoiser on one device, in one dtype.
 
@@ -129,11 +138,12 @@ class Engine:
         self.inverse_weights = [w.to(device) for w in waveglow.float().inverse_weights()]
         self.fast = device.type == "cuda" if fast is None else fast
         # built from the float32 weights too (the folds are computed in float32)
-        self.fast_waveglow = FastWaveGlow(waveglow.to(device), dtype) if self.fast else None
+        self.fast_waveglow = (FastWaveGlow(waveglow.to(device), dtype, WAVEGLOW_KERNELS)
+                              if self.fast else None)
         self.tacotron2 = tacotron2.to(device=device, dtype=dtype).eval()
         self.waveglow = waveglow.to(device=device, dtype=dtype).eval()
         on_gpu = self.fast and device.type == "cuda"
-        self.graphed = GraphedDecoder(self.tacotron2, settings.decode) if on_gpu else None
+        self.graphed = GraphedDecoder(self.tacotron2, settings.decode, **DECODER_FUSIONS) if on_gpu else None
         # WaveGlow runs over at most this many (item x group step) rows at once,
         # which bounds its memory whatever the batch (15 GiB: ~1M rows in fp16).
         self.max_waveglow_rows = waveglow_rows_within(settings.waveglow_memory_gib * 2 ** 30,
