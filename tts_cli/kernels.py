@@ -16,7 +16,9 @@ And two matrix products with that work fused into them (``FastWaveGlow`` with
 
 * ``taps_gate``: the dilated convolution read straight from x (the taps
   buffer is never written: each K block of the product reads x's rows shifted
-  by -d, 0 or +d) with the gate in its epilogue;
+  by -d, 0 or +d) with the gate in its epilogue (``paired``: the tanh and
+  sigmoid columns interleaved, so each tile is one product twice as wide,
+  ``kernels_mode="matmul_paired"``);
 * ``residual_update``: x += acts @ W_res + b_res, the add in the epilogue.
 
 And one for Tacotron2's decoder (``GraphedDecoder(..., fused_attention=True)``):
@@ -122,6 +124,46 @@ def residual_taps(res: Tensor | None, x: Tensor, keep: Tensor, taps: Tensor,
 # Matrix products with the elementwise work fused in (kernels_mode="matmul").
 
 if triton is not None:
+    @triton.jit
+    def _tap_rows(keep_ptr, pid_m, n_rows, seq_len, dilation, BLOCK_M: tl.constexpr):
+        """A row block's indices and, per tap, which rows read a real source
+        row: tap j reads row r + (j-1)d, present when inside [0, T) and kept
+        (keep is 0 or 1, so "times keep" is a load mask)."""
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows64 = rows.to(tl.int64)
+        in_rows = rows < n_rows
+        t = rows % seq_len
+        ok_prev = in_rows & (t >= dilation)
+        ok_prev = ok_prev & (tl.load(keep_ptr + rows64 - dilation, mask=ok_prev, other=0) != 0)
+        ok_mid = in_rows & (tl.load(keep_ptr + rows64, mask=in_rows, other=0) != 0)
+        ok_next = in_rows & (t + dilation < seq_len)
+        ok_next = ok_next & (tl.load(keep_ptr + rows64 + dilation, mask=ok_next, other=0) != 0)
+        return rows64, in_rows, ok_prev, ok_mid, ok_next
+
+    @triton.jit
+    def _tap_block(x_ptr, rows64, ok_prev, ok_mid, ok_next, k, dilation, C: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+        """Columns [k, k + BK) of the taps [x'(t-d) | x'(t) | x'(t+d)] for the
+        row block, read from x (a block lies inside one tap: C % BK == 0)."""
+        tap = k // C
+        ok = tl.where(tap == 0, ok_prev, tl.where(tap == 1, ok_mid, ok_next))
+        src = rows64 + (tap - 1) * dilation
+        ks = tl.arange(0, BLOCK_K)
+        return tl.load(x_ptr + src[:, None] * C + (k - tap * C) + ks[None, :], mask=ok[:, None], other=0.0)
+
+    @triton.jit
+    def _gate_store(z_tanh, z_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
+                    cond_offset, out_stride, C: tl.constexpr):
+        """out = tanh(z_tanh + cond) * sigmoid(z_sigmoid + cond'), the layer's
+        conditioning columns read in place."""
+        mask = in_rows[:, None]
+        cond = cond_ptr + rows64[:, None] * cond_stride + cond_offset + cols[None, :]
+        a_in = z_tanh + tl.load(cond, mask=mask, other=0.0).to(tl.float32)
+        s_in = z_sigmoid + tl.load(cond + C, mask=mask, other=0.0).to(tl.float32)
+        acts = (2.0 * tl.sigmoid(2.0 * a_in) - 1.0) * tl.sigmoid(s_in)   # tanh(a) = 2 sigmoid(2a) - 1
+        tl.store(out_ptr + rows64[:, None] * out_stride + cols[None, :],
+                 acts.to(out_ptr.dtype.element_ty), mask=mask)
+
     @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
     def _taps_gate_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
                           cond_stride, cond_offset, out_stride,
@@ -133,37 +175,45 @@ if triton is not None:
         pid = tl.program_id(0)
         pid_m = pid // (C // BLOCK_N)
         pid_n = pid % (C // BLOCK_N)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows64 = rows.to(tl.int64)
-        in_rows = rows < n_rows
-        t = rows % seq_len
-        # Tap j reads source row r + (j-1)d: present when inside [0, T) and kept
-        # (keep is 0 or 1, so "times keep" is a load mask).
-        ok_prev = in_rows & (t >= dilation)
-        ok_prev = ok_prev & (tl.load(keep_ptr + rows64 - dilation, mask=ok_prev, other=0) != 0)
-        ok_mid = in_rows & (tl.load(keep_ptr + rows64, mask=in_rows, other=0) != 0)
-        ok_next = in_rows & (t + dilation < seq_len)
-        ok_next = ok_next & (tl.load(keep_ptr + rows64 + dilation, mask=ok_next, other=0) != 0)
+        rows64, in_rows, ok_prev, ok_mid, ok_next = _tap_rows(keep_ptr, pid_m, n_rows, seq_len, dilation,
+                                                              BLOCK_M)
         ks = tl.arange(0, BLOCK_K)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         w_block = w_ptr + ks[:, None] * (2 * C) + cols[None, :]
         acc_tanh = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_sigmoid = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, 3 * C, BLOCK_K):     # K = 3C; a block lies inside one tap (C % BK == 0)
-            tap = k // C
-            ok = tl.where(tap == 0, ok_prev, tl.where(tap == 1, ok_mid, ok_next))
-            src = rows64 + (tap - 1) * dilation
-            a = tl.load(x_ptr + src[:, None] * C + (k - tap * C) + ks[None, :], mask=ok[:, None], other=0.0)
+        for k in range(0, 3 * C, BLOCK_K):     # K = 3C
+            a = _tap_block(x_ptr, rows64, ok_prev, ok_mid, ok_next, k, dilation, C, BLOCK_K)
             w = w_block + k * (2 * C)
             acc_tanh = tl.dot(a, tl.load(w), acc_tanh, input_precision=DOT_PRECISION)
             acc_sigmoid = tl.dot(a, tl.load(w + C), acc_sigmoid, input_precision=DOT_PRECISION)
-        mask = in_rows[:, None]
-        cond = cond_ptr + rows64[:, None] * cond_stride + cond_offset + cols[None, :]
-        a_in = acc_tanh + tl.load(cond, mask=mask, other=0.0).to(tl.float32)
-        s_in = acc_sigmoid + tl.load(cond + C, mask=mask, other=0.0).to(tl.float32)
-        acts = (2.0 * tl.sigmoid(2.0 * a_in) - 1.0) * tl.sigmoid(s_in)   # tanh(a) = 2 sigmoid(2a) - 1
-        tl.store(out_ptr + rows64[:, None] * out_stride + cols[None, :],
-                 acts.to(out_ptr.dtype.element_ty), mask=mask)
+        _gate_store(acc_tanh, acc_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
+                    cond_offset, out_stride, C)
+
+    @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
+    def _taps_gate_paired_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
+                                 cond_stride, cond_offset, out_stride,
+                                 C: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # As _taps_gate_kernel, over weights whose tanh and sigmoid columns
+        # are paired (column 2j: tanh j, 2j+1: sigmoid j): one product of
+        # width 2 BN and one accumulator per tile, split in the epilogue.
+        pid = tl.program_id(0)
+        pid_m = pid // (C // BLOCK_N)
+        pid_n = pid % (C // BLOCK_N)
+        rows64, in_rows, ok_prev, ok_mid, ok_next = _tap_rows(keep_ptr, pid_m, n_rows, seq_len, dilation,
+                                                              BLOCK_M)
+        ks = tl.arange(0, BLOCK_K)
+        pairs = pid_n * 2 * BLOCK_N + tl.arange(0, 2 * BLOCK_N)
+        w_block = w_ptr + ks[:, None] * (2 * C) + pairs[None, :]
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k in range(0, 3 * C, BLOCK_K):     # K = 3C
+            a = _tap_block(x_ptr, rows64, ok_prev, ok_mid, ok_next, k, dilation, C, BLOCK_K)
+            acc = tl.dot(a, tl.load(w_block + k * (2 * C)), acc, input_precision=DOT_PRECISION)
+        z_tanh, z_sigmoid = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        _gate_store(z_tanh, z_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
+                    cond_offset, out_stride, C)
 
     @triton.jit(do_not_specialize=["n_rows"])
     def _residual_update_kernel(a_ptr, w_ptr, b_ptr, x_ptr, n_rows, a_stride,
@@ -223,6 +273,9 @@ if triton is not None:
 
     _taps_gate_tuned = triton.autotune(_TAPS_GATE_CONFIGS, key=["C"],
                                        prune_configs_by={"early_config_prune": _fitting})(_taps_gate_kernel)
+    _taps_gate_paired_tuned = triton.autotune(_TAPS_GATE_CONFIGS, key=["C"],
+                                              prune_configs_by={"early_config_prune": _fitting}
+                                              )(_taps_gate_paired_kernel)
     # Timing a config runs it many times: x is restored after each.
     _residual_update_tuned = triton.autotune(_RESIDUAL_CONFIGS, key=["C"], restore_value=["x_ptr"],
                                              prune_configs_by={"early_config_prune": _fitting}
@@ -251,8 +304,16 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def pair_gate_columns(w_taps: Tensor) -> Tensor:
+    """(3C, 2C) taps weights [tanh columns | sigmoid columns] -> the same
+    columns paired, tanh j at 2j and sigmoid j at 2j + 1 (``taps_gate(...,
+    paired=True)``)."""
+    c = w_taps.shape[1] // 2
+    return torch.stack((w_taps[:, :c], w_taps[:, c:]), dim=2).reshape(w_taps.shape).contiguous()
+
+
 def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
-              seq_len: int, dilation: int, out: Tensor) -> Tensor:
+              seq_len: int, dilation: int, out: Tensor, paired: bool = False) -> Tensor:
     """One WN layer's gated activations straight from x, without a taps buffer:
 
         z = [x'(t-d) | x'(t) | x'(t+d)] @ w_taps,   x' = keep * x, zero outside [0, T)
@@ -263,14 +324,18 @@ def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
     stride free; w_taps: (3C, 2C) contiguous, rows [x(t-d) | x(t) | x(t+d)];
     out: (N, C), row stride free (a column block of the (N, L*C) activations).
     One matrix product with two float32 accumulators per tile (the tanh and
-    the sigmoid columns) and the gate in its epilogue. C must be a multiple
-    of 16. Returns ``out``."""
+    the sigmoid columns) and the gate in its epilogue; with ``paired``,
+    w_taps is ``pair_gate_columns``'s layout and each tile is one product
+    twice as wide, one accumulator split in the epilogue (same sums in the
+    same order). C must be a multiple of 16. Returns ``out``."""
     n, c = x.shape
     assert x.is_contiguous() and w_taps.is_contiguous() and keep.is_contiguous()
     assert w_taps.shape == (3 * c, 2 * c) and keep.shape == (n,) and c % 16 == 0
     assert cond.stride(1) == 1 and out.stride(1) == 1 and out.shape == (n, c)
     assert x.dtype == w_taps.dtype
-    _launch(_taps_gate_tuned, _taps_gate_kernel, n, c,
+    tuned, raw = ((_taps_gate_paired_tuned, _taps_gate_paired_kernel) if paired
+                  else (_taps_gate_tuned, _taps_gate_kernel))
+    _launch(tuned, raw, n, c,
             x, keep, cond, w_taps, out, n, seq_len, dilation,
             cond.stride(0), 2 * c * layer, out.stride(0),
             C=c, DOT_PRECISION=_dot_precision(x.dtype))
@@ -294,9 +359,10 @@ def residual_update(acts: Tensor, w_res: Tensor, b_res: Tensor, x: Tensor) -> Te
     return x
 
 
-def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18) -> None:
-    """Autotune ``taps_gate`` and ``residual_update`` for width ``c`` and
-    ``dtype`` on scratch tensors of ``rows`` rows (autotuning keys on C and
+def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18,
+         paired: bool = False) -> None:
+    """Autotune ``taps_gate`` (its ``paired`` form with ``paired``) and
+    ``residual_update`` for width ``c`` and ``dtype`` on scratch tensors of ``rows`` rows (autotuning keys on C and
     the dtypes only, so this choice holds for every later call: tuning on
     the first real call instead could pick a tile for a tiny warm-up batch)."""
     if _FIXED_CONFIG is not None:
@@ -306,7 +372,8 @@ def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18) 
     cond = torch.randn(rows, 2 * c, device=device).to(dtype)
     w_taps = (torch.randn(3 * c, 2 * c, device=device) / (3 * c) ** 0.5).to(dtype)
     out = torch.empty(rows, c, device=device, dtype=dtype)
-    taps_gate(x, keep, cond, 0, w_taps, seq_len=1024, dilation=1, out=out)
+    taps_gate(x, keep, cond, 0, pair_gate_columns(w_taps) if paired else w_taps, seq_len=1024, dilation=1,
+              out=out, paired=paired)
     w_res = (torch.randn(c, c, device=device) / c ** 0.5).to(dtype)
     residual_update(out, w_res, torch.zeros(c, device=device, dtype=dtype), x)
 

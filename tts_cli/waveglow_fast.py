@@ -27,14 +27,16 @@ products with two fused passes per layer between them (gate; residual add and
 the next layer's taps buffer), or "matmul", our own products with that work
 in their prologue and epilogues (the dilated convolution reads x's shifted
 rows itself and applies the gate; the residual product adds into x), so no
-elementwise pass is left.
+elementwise pass is left; or "matmul_paired", the same with the gate's tanh
+and sigmoid columns interleaved in the taps weights, so that product is one
+accumulator twice as wide instead of two.
 
 Weights are re-laid once at construction; nothing here does I/O.
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -57,6 +59,7 @@ class FlowWeights:
     skip_end: Tensor         # (L*C, 2*n_half): every layer's skip half, then the end layer
     skip_end_bias: Tensor    # (2*n_half,)
     inverse: Tensor          # (c, c) float32: audio @ inverse == W^-1 applied per step
+    paired_taps: list[Tensor] | None = None   # "matmul_paired" only: kernels.pair_gate_columns(taps)
 
 
 def _matrix(conv_weight: Tensor) -> Tensor:
@@ -134,7 +137,7 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 class FastWaveGlow:
     """Inference-only WaveGlow over re-laid weights; see the module docstring."""
 
-    KERNELS_MODES = ("elementwise", "matmul")
+    KERNELS_MODES = ("elementwise", "matmul", "matmul_paired")
 
     def __init__(self, model: WaveGlow, dtype: torch.dtype, kernels_mode: str = "elementwise"):
         """``kernels_mode``: which fused form runs on CUDA with Triton (module
@@ -155,9 +158,13 @@ class FastWaveGlow:
         if kernels_mode not in self.KERNELS_MODES:
             raise ValueError(f"kernels_mode must be one of {self.KERNELS_MODES}, not {kernels_mode!r}")
         self.kernels_mode = kernels_mode
+        paired = kernels_mode == "matmul_paired"
+        if paired != (self.flows[0].paired_taps is not None):   # a new list: copies share the old
+            self.flows = [replace(w, paired_taps=[kernels.pair_gate_columns(t) for t in w.taps] if paired
+                                  else None) for w in self.flows]
         device = self.flows[0].start.device
-        if kernels_mode == "matmul" and device.type == "cuda" and kernels.available():
-            kernels.tune(self.flows[0].start.shape[1], self.dtype, device)
+        if kernels_mode.startswith("matmul") and device.type == "cuda" and kernels.available():
+            kernels.tune(self.flows[0].start.shape[1], self.dtype, device, paired=paired)
 
     def frame_windows(self, mel: Tensor) -> Tensor:
         """(B, n_mel, F) -> (B*F, J*n_mel): frames q-J+1..q for each q, zeros before 0."""
@@ -190,7 +197,7 @@ class FastWaveGlow:
         None: plain torch. (Tests under Triton's CPU interpreter replace it.)"""
         if not (x.is_cuda and kernels.available()):
             return None
-        return self._coupling_fused_matmul if self.kernels_mode == "matmul" else self._coupling_fused
+        return self._coupling_fused if self.kernels_mode == "elementwise" else self._coupling_fused_matmul
 
     def _coupling_fused(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
         """``coupling`` with the elementwise work in two fused kernels per layer."""
@@ -219,9 +226,10 @@ class FastWaveGlow:
         layers = len(w.taps)
         x, cond, keep = x.reshape(-1, c), cond.reshape(b * t, -1), keep.reshape(-1)
         acts = x.new_empty(b * t, layers * c)
-        for i, tap_weight in enumerate(w.taps):
+        paired = w.paired_taps is not None
+        for i, tap_weight in enumerate(w.paired_taps if paired else w.taps):
             layer_acts = acts[:, c * i: c * (i + 1)]
-            kernels.taps_gate(x, keep, cond, i, tap_weight, t, 2 ** i, out=layer_acts)
+            kernels.taps_gate(x, keep, cond, i, tap_weight, t, 2 ** i, out=layer_acts, paired=paired)
             if i < layers - 1:
                 kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
         return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
