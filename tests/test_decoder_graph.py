@@ -1,10 +1,12 @@
 """The graph decoder's static-buffer loop (run without capture off CUDA) gives
 exactly what the eager decoder gives: same frames, same stops, same padding;
-also with the projection and gate as one product (fused_output, plain torch)."""
+also with the projection and gate as one product (fused_output, plain torch),
+and with the Triton fusions asked for off CUDA (the modules run instead)."""
 import pytest
 import torch
 
 from tts_cli.batching import pad_sequences
+from tts_cli import kernels
 from tts_cli.decoder_graph import GraphedDecoder, _FusedOutput
 from tts_cli.tacotron2 import PUBLISHED_DIMS, DecodeSettings, Decoder, decode
 from tiny_models import tiny_tacotron2
@@ -96,3 +98,43 @@ def test_the_folded_projection_and_gate_equal_the_two_layers(decoder):
     assert frame.stride() == (d.n_mel + 1, 1)
     assert (frame - ref_frame).abs().max() <= 1e-6 * ref_frame.abs().max()
     assert (gate - ref_gate).abs().max() <= 1e-6 * ref_gate.abs().max()
+
+
+def test_the_triton_fusions_fall_back_to_the_modules_off_cuda():
+    """fused_attention, fused_prenet and fused_rnn need CUDA with Triton: on
+    the CPU GraphedDecoder keeps the modules (hooks None) and still decodes
+    as the eager decoder (within 1e-5, as above)."""
+    model = sharp_gate(1, 10.0, -1.0)
+    cfg = DecodeSettings(max_decoder_steps=40)
+    ids, lengths = pad_sequences(lines(7, 45, 3))
+    seeds = torch.tensor([4, 5, 6])
+    decoder = GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True, fused_prenet=True,
+                             fused_rnn=True)
+    assert decoder.attention is None and decoder.prenet is None
+    assert decoder.attention_rnn is None and decoder.decoder_rnn is None
+    with torch.inference_mode():
+        graphed = decoder.decode(ids, lengths, seeds)
+        eager = decode(model, ids, lengths, seeds, cfg)
+    assert graphed[1].tolist() == eager[1].tolist() and graphed[2].tolist() == eager[2].tolist()
+    assert graphed[0].shape == eager[0].shape and torch.allclose(graphed[0], eager[0], atol=1e-5)
+
+
+def test_the_fused_lstm_weights_are_the_cell_s_products_and_biases():
+    """kernels.fuse_lstm_weights (plain torch): [W_ih | W_hh] times cat(a, b,
+    h) plus the float32 bias b_ih + b_hh, then the cell update, is
+    nn.LSTMCell on (cat(a, b), (h, c)), to float32 rounding."""
+    torch.manual_seed(0)
+    cell = torch.nn.LSTMCell(24 + 40, 52)
+    weight, bias = kernels.fuse_lstm_weights(cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+    assert weight.shape == (4 * 52, 24 + 40 + 52) and weight.is_contiguous()
+    assert bias.dtype == torch.float32 and bias.shape == (4 * 52,)
+    a, b, h, c = torch.randn(5, 24), torch.randn(5, 40), torch.randn(5, 52), torch.randn(5, 52)
+    with torch.no_grad():
+        i, f, g, o = (torch.cat((a, b, h), 1) @ weight.t() + bias).chunk(4, 1)
+        c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h_new = torch.sigmoid(o) * torch.tanh(c_new)
+        ref_h, ref_c = cell(torch.cat((a, b), 1), (h, c))
+    assert torch.allclose(h_new, ref_h, atol=1e-6) and torch.allclose(c_new, ref_c, atol=1e-6)
+    no_bias = torch.nn.LSTMCell(8, 4, bias=False)
+    assert torch.equal(kernels.fuse_lstm_weights(no_bias.weight_ih, no_bias.weight_hh, None, None)[1],
+                       torch.zeros(16))

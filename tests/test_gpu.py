@@ -137,6 +137,8 @@ def check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, **fusi
         assert (fused.attention is not None) == fusions.get("fused_attention", False)
         assert (fused.prenet is not None) == fusions.get("fused_prenet", False)
         assert (fused.output is not None) == fusions.get("fused_output", False)
+        assert (fused.attention_rnn is not None) == fusions.get("fused_rnn", False)
+        assert (fused.decoder_rnn is not None) == fusions.get("fused_rnn", False)
         mel, frames, truncated = fused.decode(ids, lengths, seeds, override)
         ref_mel, ref_frames, ref_truncated = decode(e.tacotron2, ids, lengths, seeds, cfg, override)
         assert frames.tolist() == ref_frames.tolist() and truncated.tolist() == ref_truncated.tolist()
@@ -162,13 +164,24 @@ def test_graphed_decoder_with_the_fused_attention_equals_the_eager_decode(dtype,
 
 @pytest.mark.parametrize("dtype, tol, alone_tol", [
     (torch.float32, 1e-4, 1e-4), (torch.float16, 2e-2, 5e-2), (torch.bfloat16, 1e-1, 5e-2)])
+def test_graphed_decoder_with_the_fused_lstm_cells_equals_the_eager_decode(dtype, tol, alone_tol):
+    """GraphedDecoder(fused_rnn=True): each of the two LSTM cells in one
+    Triton launch (kernels.lstm_cell). bfloat16: the kernel keeps the gates
+    in float32 where the module rounds both products to bfloat16."""
+    check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, fused_rnn=True)
+
+
+@pytest.mark.parametrize("dtype, tol, alone_tol", [
+    (torch.float32, 1e-4, 1e-4), (torch.float16, 2e-2, 5e-2), (torch.bfloat16, 1e-1, 5e-2)])
 def test_graphed_decoder_with_every_fusion_equals_the_eager_decode(dtype, tol, alone_tol):
-    """Every decoder fusion on: the attention and the prenet each in one
-    Triton launch (kernels.attention_step, kernels.prenet_step), the
-    projection and the gate as one product. bfloat16: the fused kernels
-    keep float32 where the modules round to bfloat16 between products."""
+    """Every decoder fusion on: the attention, the prenet and each LSTM
+    cell in one Triton launch (kernels.attention_step, kernels.prenet_step,
+    kernels.lstm_cell), the projection and the gate as one product.
+    bfloat16: the fused kernels keep float32 where the modules round to
+    bfloat16 between products."""
     check_graphed_decoder_against_the_eager_decode(
-        dtype, tol, alone_tol, fused_attention=True, fused_prenet=True, fused_output=True)
+        dtype, tol, alone_tol, fused_attention=True, fused_prenet=True, fused_output=True,
+        fused_rnn=True)
 
 
 def test_the_fused_prenet_kernel_equals_the_prenet_module_on_the_gpu():
@@ -198,3 +211,34 @@ def test_the_fused_prenet_kernel_equals_the_prenet_module_on_the_gpu():
                                     *((None, None) if keep is None else (keep[0][i: i + 1], keep[1][i: i + 1])),
                                     alone)
                 assert torch.equal(alone[0], out[i])
+
+
+def test_the_fused_lstm_cell_kernel_equals_nn_lstmcell_on_the_gpu():
+    """kernels.lstm_cell on the GPU, all three precisions, both published
+    cells (attention LSTM 256 + 512 -> 1024, decoder LSTM 1024 + 512 ->
+    1024), inputs read through a wider row stride: within one output
+    rounding of the float32 nn.LSTMCell on the same rounded weights and
+    inputs; each row alone bitwise as in a batch."""
+    from tts_cli import kernels
+    assert kernels.available()
+    for dtype, tol in [(torch.float32, 1e-5), (torch.float16, 5e-3), (torch.bfloat16, 3e-2)]:
+        for in_a, in_b, hidden in [(256, 512, 1024), (1024, 512, 1024)]:
+            torch.manual_seed(0)
+            cell = torch.nn.LSTMCell(in_a + in_b, hidden).cuda().to(dtype).float()
+            weight, bias = kernels.fuse_lstm_weights(cell.weight_ih.to(dtype), cell.weight_hh.to(dtype),
+                                                     cell.bias_ih.to(dtype), cell.bias_hh.to(dtype))
+            wide = torch.randn(5, in_a + in_b + 8, device="cuda").to(dtype)
+            a, b = wide[:, :in_a], wide[:, in_a + 8:]        # row stride I_a + I_b + 8
+            h = torch.randn(5, hidden, device="cuda").to(dtype)
+            c = torch.randn(5, hidden, device="cuda").to(dtype)
+            out = kernels.lstm_cell(a, b, h, c, weight, bias, torch.empty_like(h), torch.empty_like(c))
+            with torch.no_grad():
+                expected = cell(torch.cat((a, b), 1).float(), (h.float(), c.float()))
+            for name, x, y in zip("hc", out, expected):
+                err = (x.float() - y).abs().max().item()
+                print(f"{dtype}: lstm_cell vs nn.LSTMCell, {in_a}+{in_b} -> {hidden}: {name}' max abs err {err:.2e}")
+                assert err < tol
+            for i in range(5):
+                alone = kernels.lstm_cell(a[i: i + 1], b[i: i + 1], h[i: i + 1], c[i: i + 1], weight, bias,
+                                          torch.empty_like(h[:1]), torch.empty_like(c[:1]))
+                assert torch.equal(alone[0][0], out[0][i]) and torch.equal(alone[1][0], out[1][i])

@@ -2,7 +2,9 @@
 and FastWaveGlow's "matmul" coupling) and Tacotron2's fused attention step
 (kernels.attention_step, alone and in the graph decoder's loop) and fused
 prenet (kernels.prenet_step, alone and in the loop with every fusion on)
-against plain torch, on the CPU, through Triton's interpreter.
+and fused LSTM cell (kernels.lstm_cell, alone, in the loop on its own and
+with every fusion on) against plain torch, on the CPU, through Triton's
+interpreter.
 
 TRITON_INTERPRET must be set before Triton is imported, so the checks run in a
 fresh Python process: this file run as a script. Skipped where Triton is not
@@ -10,7 +12,7 @@ installed (CI); tests/test_gpu.py checks the same path on a GPU.
 
 The interpreter's tl.dot multiplies bfloat16 operands as their raw bits
 (numpy has no bfloat16), so bfloat16 is checked on the GPU only; prenet_step
-has no tl.dot and is checked in bfloat16 here too, but the interpreter
+(and lstm_cell) has no tl.dot and is checked in bfloat16 here too, but the interpreter
 truncates float32 to bfloat16 where a GPU rounds (one ulp). Autotuning
 needs a GPU too: here every launch uses one fixed config (kernels._FIXED_CONFIG).
 """
@@ -232,6 +234,58 @@ def prenet_errors(dtype_name: str) -> dict:
     return errors
 
 
+LSTM_SIZES = {  # I_a, I_b, H, batch, launch shapes (BLOCK_J, BLOCK_K); None: the default
+    # H = 52 is a multiple of neither BLOCK_J: the last program of a row is
+    # partly past H; BLOCK_K = 16 splits every input into several blocks
+    "tiny": (24, 40, 52, 5, [None, (16, 16)]),
+    # the attention LSTM's widths, in wide blocks (the interpreter runs one
+    # program at a time); tests/test_gpu.py checks the default shape there
+    "published_widths": (256, 512, 1024, 2, [(64, 256)]),
+}
+
+
+def lstm_errors(dtype_name: str) -> dict:
+    """kernels.lstm_cell against nn.LSTMCell on cat((a, b), 1) (in float32
+    on the same rounded weights and inputs), a and b read through row
+    strides wider than their widths, in the launch shapes of LSTM_SIZES: max
+    abs errors of h' and c'; and the largest difference between a row
+    computed in the batch and alone, which must be 0."""
+    import torch
+    from tts_cli import kernels
+    dtype = getattr(torch, dtype_name)
+    errors = {"h": 0.0, "c": 0.0, "batched_vs_alone": 0.0}
+    defaults = kernels._LSTM_BLOCK_J, kernels._LSTM_BLOCK_K
+    for name, (in_a, in_b, hidden, rows, shapes) in LSTM_SIZES.items():
+        torch.manual_seed(4)
+        # the reference: a float32 cell on the weights as rounded to dtype
+        cell = torch.nn.LSTMCell(in_a + in_b, hidden).to(dtype).float()
+        weight, bias = kernels.fuse_lstm_weights(cell.weight_ih.to(dtype), cell.weight_hh.to(dtype),
+                                                 cell.bias_ih.to(dtype), cell.bias_hh.to(dtype))
+        assert bias.dtype == torch.float32 and weight.dtype == dtype
+        wide = torch.randn(rows, in_a + in_b + 7).to(dtype)
+        a, b = wide[:, :in_a], wide[:, in_a + 7:]                # row stride I_a + I_b + 7
+        h, c = torch.randn(rows, hidden).to(dtype), (2 * torch.randn(rows, hidden)).to(dtype)
+
+        def fused(i):
+            h_out, c_out = (torch.full((len(i), hidden), float("nan"), dtype=dtype) for _ in range(2))
+            return kernels.lstm_cell(a[i], b[i], h[i], c[i], weight, bias, h_out, c_out)
+
+        with torch.no_grad():
+            expected = cell(torch.cat((a, b), 1).float(), (h.float(), c.float()))
+        for shape in shapes:
+            kernels._LSTM_BLOCK_J, kernels._LSTM_BLOCK_K = shape or defaults
+            got = fused(list(range(rows)))
+            errors["h"] = max(errors["h"], worst(got[0], expected[0]))
+            errors["c"] = max(errors["c"], worst(got[1], expected[1]))
+            for i in range(rows):
+                alone = fused([i])
+                errors["batched_vs_alone"] = max(errors["batched_vs_alone"], *(
+                    worst(x[i: i + 1], y.float()) for x, y in zip(got, alone)))
+        kernels._LSTM_BLOCK_J, kernels._LSTM_BLOCK_K = defaults
+        print(name, errors, file=sys.stderr)
+    return errors
+
+
 def _graph_decoder_errors(plug) -> dict:
     """The graph decoder's static-buffer loop, its fused parts put in place
     by ``plug(graphed, model)`` (GraphedDecoder takes the Triton ones on CUDA
@@ -272,18 +326,34 @@ def fused_attention_decoder_errors(dtype_name: str) -> dict:
     return _graph_decoder_errors(plug)
 
 
+def fused_rnn_decoder_errors(dtype_name: str) -> dict:
+    """_graph_decoder_errors with the fused LSTM cell kernel for both cells."""
+    assert dtype_name == "float32"
+
+    def plug(decoder_graph, model, cfg):
+        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_rnn=True)
+        assert graphed.attention_rnn is None and graphed.decoder_rnn is None   # not on CUDA
+        graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
+        graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
+        return graphed
+    return _graph_decoder_errors(plug)
+
+
 def fused_step_decoder_errors(dtype_name: str) -> dict:
-    """_graph_decoder_errors with every fusion on: the fused attention and
-    prenet kernels, and the projection and gate as one product (which
-    GraphedDecoder takes on any device)."""
+    """_graph_decoder_errors with every fusion on: the fused attention,
+    prenet and LSTM cell kernels, and the projection and gate as one product
+    (which GraphedDecoder takes on any device)."""
     assert dtype_name == "float32"
 
     def plug(decoder_graph, model, cfg):
         graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True,
-                                               fused_prenet=True, fused_output=True)
+                                               fused_prenet=True, fused_output=True, fused_rnn=True)
         assert graphed.attention is None and graphed.prenet is None and graphed.output is not None
+        assert graphed.attention_rnn is None and graphed.decoder_rnn is None
         graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
         graphed.prenet = decoder_graph._FusedPrenet(model.decoder.prenet)
+        graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
+        graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
         return graphed
     return _graph_decoder_errors(plug)
 
@@ -345,6 +415,24 @@ def test_fused_prenet_step_equals_the_prenet_module_under_the_interpreter(dtype,
     assert errors["out"] < tol and errors["out_no_masks"] < tol
     # each row on its own, in a fixed order: bitwise batched == alone
     assert errors["batched_vs_alone"] == 0.0
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 5e-3), ("bfloat16", 4e-2)])
+def test_fused_lstm_cell_equals_nn_lstmcell_under_the_interpreter(dtype, tol):
+    pytest.importorskip("triton")
+    errors = interpreted("lstm_errors", dtype)
+    # 16-bit: one rounding of outputs (|h'| < 1, |c'| up to ~8; float16: half
+    # an ulp, 4e-3 at 8; bfloat16: the interpreter truncates, one ulp, 3e-2 at 4-8)
+    assert errors["h"] < tol and errors["c"] < tol
+    # each row on its own, in a fixed order: bitwise batched == alone
+    assert errors["batched_vs_alone"] == 0.0
+
+
+def test_graph_decoder_with_the_fused_lstm_cells_equals_the_eager_one_under_the_interpreter():
+    pytest.importorskip("triton")
+    result = interpreted("fused_rnn_decoder_errors", "float32")
+    assert result["same_stops"] and len(set(result["frames"])) > 1, result
+    assert result["mel"] < 1e-4
 
 
 def test_graph_decoder_with_every_fusion_equals_the_eager_one_under_the_interpreter():

@@ -20,14 +20,18 @@ fusions, off by default too: ``fused_prenet=True`` (CUDA with Triton only)
 runs the prenet (2 products, 2 relus, 2 dropout masks) as one launch,
 ``kernels.prenet_step``; ``fused_output=True`` (any device, plain torch)
 computes the frame and the gate logit with one product over the projection
-and gate weights stacked once (``_FusedOutput``), instead of two.
+and gate weights stacked once (``_FusedOutput``), instead of two. And
+``fused_rnn=True`` (CUDA with Triton only, off by default) runs each of the
+two LSTM cells (a concatenation, two products and the pointwise cell update)
+as one launch, ``kernels.lstm_cell``: its two inputs read in place (no
+concatenation), [W_ih | W_hh] stored once per cell (``_FusedLSTMCell``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from tts_cli import kernels
 from tts_cli.tacotron2 import (Attention, DecodeSettings, Decoder, DecoderState, Prenet, Tacotron2,
@@ -114,14 +118,33 @@ class _FusedOutput:
         return out[:, :self.n_mel], out[:, self.n_mel]
 
 
+class _FusedLSTMCell:
+    """An nn.LSTMCell on cat((a, b), 1) (``Decoder.step``'s ``attention_rnn``
+    or ``decoder_rnn`` hook) as one launch of ``kernels.lstm_cell``: its
+    weights stored once, here, as one (4H, I + H) matrix [W_ih | W_hh] (a
+    copy, in the cell's dtype) and b_ih + b_hh added once in float32 and kept
+    in float32."""
+
+    def __init__(self, cell: nn.LSTMCell):
+        self.weight, self.bias = kernels.fuse_lstm_weights(cell.weight_ih, cell.weight_hh,
+                                                           cell.bias_ih, cell.bias_hh)
+
+    def __call__(self, a: Tensor, b: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        h, c = state
+        return kernels.lstm_cell(a, b, h, c, self.weight, self.bias, torch.empty_like(h),
+                                 torch.empty_like(c))
+
+
 class GraphedDecoder:
-    """``fused_attention``, ``fused_prenet`` (CUDA with Triton only; elsewhere
-    the modules run) and ``fused_output`` (any device): candidate fusions of
-    a step's small kernels, each off by default; see the module docstring."""
+    """``fused_attention``, ``fused_prenet``, ``fused_rnn`` (CUDA with Triton
+    only; elsewhere the modules run) and ``fused_output`` (any device):
+    candidate fusions of a step's small kernels, each off by default; see the
+    module docstring."""
 
     def __init__(self, model: Tacotron2, cfg: DecodeSettings, steps_per_graph: int = 16,
                  memory_bucket: int = 32, fused_attention: bool = False,
-                 fused_prenet: bool = False, fused_output: bool = False):
+                 fused_prenet: bool = False, fused_output: bool = False,
+                 fused_rnn: bool = False):
         self.model, self.cfg = model, cfg
         self.k, self.memory_bucket = steps_per_graph, memory_bucket
         self.graphs: dict[tuple[int, int], _Graph] = {}
@@ -142,6 +165,10 @@ class GraphedDecoder:
         # One product for the frame and the gate (plain torch: any device);
         # None: the two layers.
         self.output = _FusedOutput(model.decoder) if fused_output else None
+        # The fused LSTM cell kernel for each cell, where it can run; None:
+        # the nn.LSTMCell on the concatenated input.
+        self.attention_rnn = _FusedLSTMCell(model.decoder.attention_rnn) if fused_rnn and triton_ok else None
+        self.decoder_rnn = _FusedLSTMCell(model.decoder.decoder_rnn) if fused_rnn and triton_ok else None
 
     @torch.inference_mode()
     def decode(self, ids: Tensor, lengths: Tensor, seeds: Tensor,
@@ -256,7 +283,8 @@ class GraphedDecoder:
             state, gate = self.model.decoder.step(state, g.memory, g.processed, g.invalid,
                                                   masks[j] if masks is not None else None,
                                                   attention=self.attention, prenet=self.prenet,
-                                                  output=self.output)
+                                                  output=self.output, attention_rnn=self.attention_rnn,
+                                                  decoder_rnn=self.decoder_rnn)
             g.mels.index_copy_(0, g.step + j, state.frame.unsqueeze(0))
             g.gates[j].copy_(gate)
         self._judge_stops(g)

@@ -614,3 +614,125 @@ def prenet_step(frame: Tensor, w1: Tensor, w2: Tensor, mask1: Tensor | None,
         BLOCK_K=min(_PRENET_BLOCK_K, _pow2(k)), BLOCK_H1=_pow2(h1), BLOCK_O=block_o,
         num_warps=_PRENET_WARPS)
     return out
+
+
+# ---------------------------------------------------------------------------
+# Tacotron2's LSTM cells for one decoder step, each in one launch
+# (GraphedDecoder with fused_rnn=True): the attention LSTM on (prenet output,
+# attention context) and the decoder LSTM on (attention hidden, context),
+# with no concatenation, both products and the cell update in one kernel.
+
+if triton is not None:
+    @triton.jit
+    def _gate_rows_times_segment(w_ptr, x_ptr, col0, j, in_j, acc_i, acc_f, acc_g, acc_o,
+                                 N: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+                                 BLOCK_K: tl.constexpr):
+        """Adds columns col0 .. col0 + N - 1 of the four gate rows (j, H + j,
+        2H + j, 3H + j) of W (row-major, K wide) times the N-vector at x_ptr
+        to the four float32 accumulators, over input blocks in a fixed order."""
+        for k0 in range(0, N, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            in_k = k < N
+            x = tl.load(x_ptr + k, mask=in_k, other=0.0).to(tl.float32)[None, :]
+            tile = w_ptr + j[:, None] * K + (col0 + k)[None, :]
+            mask = in_j[:, None] & in_k[None, :]
+            acc_i += tl.sum(tl.load(tile, mask=mask, other=0.0).to(tl.float32) * x, axis=1)
+            acc_f += tl.sum(tl.load(tile + H * K, mask=mask, other=0.0).to(tl.float32) * x, axis=1)
+            acc_g += tl.sum(tl.load(tile + 2 * H * K, mask=mask, other=0.0).to(tl.float32) * x, axis=1)
+            acc_o += tl.sum(tl.load(tile + 3 * H * K, mask=mask, other=0.0).to(tl.float32) * x, axis=1)
+        return acc_i, acc_f, acc_g, acc_o
+
+    @triton.jit
+    def _lstm_cell_kernel(a_ptr, b_ptr, h_ptr, c_ptr, w_ptr, bias_ptr, h_out_ptr, c_out_ptr,
+                          a_stride, b_stride, h_stride, c_stride,
+                          IN_A: tl.constexpr, IN_B: tl.constexpr, H: tl.constexpr,
+                          BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
+        # Program (row, j-block): the four gate rows of hidden units
+        # j*BLOCK_J .. j*BLOCK_J + BLOCK_J - 1, over a, then b, then h (the
+        # columns of W = [W_ih | W_hh]), each in blocks of BLOCK_K in a fixed
+        # order; then the cell update in registers. Nothing depends on the
+        # batch: a row's result is the same in any batch, bitwise.
+        row = tl.program_id(0).to(tl.int64)
+        j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+        in_j = j < H
+        K: tl.constexpr = IN_A + IN_B + H
+        acc_i = tl.zeros((BLOCK_J,), dtype=tl.float32)
+        acc_f = tl.zeros((BLOCK_J,), dtype=tl.float32)
+        acc_g = tl.zeros((BLOCK_J,), dtype=tl.float32)
+        acc_o = tl.zeros((BLOCK_J,), dtype=tl.float32)
+        acc_i, acc_f, acc_g, acc_o = _gate_rows_times_segment(
+            w_ptr, a_ptr + row * a_stride, 0, j, in_j, acc_i, acc_f, acc_g, acc_o, IN_A, H, K, BLOCK_K)
+        acc_i, acc_f, acc_g, acc_o = _gate_rows_times_segment(
+            w_ptr, b_ptr + row * b_stride, IN_A, j, in_j, acc_i, acc_f, acc_g, acc_o, IN_B, H, K, BLOCK_K)
+        acc_i, acc_f, acc_g, acc_o = _gate_rows_times_segment(
+            w_ptr, h_ptr + row * h_stride, IN_A + IN_B, j, in_j, acc_i, acc_f, acc_g, acc_o, H, H, K, BLOCK_K)
+
+        # The folded bias (float32), then the cell update, all in float32.
+        i = tl.sigmoid(acc_i + tl.load(bias_ptr + j, mask=in_j, other=0.0))
+        f = tl.sigmoid(acc_f + tl.load(bias_ptr + H + j, mask=in_j, other=0.0))
+        g = 2.0 * tl.sigmoid(2.0 * (acc_g + tl.load(bias_ptr + 2 * H + j, mask=in_j, other=0.0))) - 1.0
+        o = tl.sigmoid(acc_o + tl.load(bias_ptr + 3 * H + j, mask=in_j, other=0.0))
+        c = tl.load(c_ptr + row * c_stride + j, mask=in_j, other=0.0).to(tl.float32)
+        c_new = f * c + i * g
+        h_new = o * (2.0 * tl.sigmoid(2.0 * c_new) - 1.0)
+        tl.store(c_out_ptr + row * H + j, c_new.to(c_out_ptr.dtype.element_ty), mask=in_j)
+        tl.store(h_out_ptr + row * H + j, h_new.to(h_out_ptr.dtype.element_ty), mask=in_j)
+
+
+# Launch shape of lstm_cell: programs of 4 warps over 8 hidden units each, so
+# at batch 1 and H = 1024 a cell runs as 128 programs (about one per SM of an
+# H200) that each stream their own 32 rows of W (112 KiB of the attention
+# LSTM's, 160 KiB of the decoder LSTM's, in fp16): weight-bandwidth bound,
+# every SM busy. A K block of 256 (512 B of each row in fp16, 16 KiB over
+# the four gate tiles) keeps the loads wide and coalesced along W's rows;
+# the published input widths (256, 512, 1024) are multiples of it.
+_LSTM_WARPS, _LSTM_BLOCK_J, _LSTM_BLOCK_K = 4, 8, 256
+
+
+def fuse_lstm_weights(weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor | None,
+                      bias_hh: Tensor | None) -> tuple[Tensor, Tensor]:
+    """An nn.LSTMCell's parameters as ``lstm_cell`` reads them: W = [W_ih |
+    W_hh], (4H, I + H) contiguous, in the weights' dtype; and b_ih + b_hh,
+    (4H,), added in float32 and kept in float32 (zeros without biases)."""
+    four_h = weight_hh.shape[0]
+    weight = torch.cat((weight_ih.detach(), weight_hh.detach()), 1).contiguous()
+    bias = torch.zeros(four_h, dtype=torch.float32, device=weight.device)
+    for b in (bias_ih, bias_hh):
+        if b is not None:
+            bias = bias + b.detach().float()
+    return weight, bias
+
+
+def lstm_cell(a: Tensor, b: Tensor, h: Tensor, c: Tensor, weight: Tensor, bias: Tensor,
+              h_out: Tensor, c_out: Tensor) -> tuple[Tensor, Tensor]:
+    """One LSTM cell step on the input cat(a, b), in one launch (inference
+    only), without the concatenation:
+
+        gates = W @ cat(a, b, h) + bias          (i, f, g, o: PyTorch's order)
+        c_out = sigmoid(f) * c + sigmoid(i) * tanh(g);  h_out = sigmoid(o) * tanh(c_out)
+
+    a: (B, I_a), b: (B, I_b), h: (B, H), c: (B, H), each with a free row
+    stride (e.g. a view of a wider buffer), unit column stride; weight: (4H,
+    I_a + I_b + H) contiguous, bias: (4H,) float32 (``fuse_lstm_weights``);
+    h_out, c_out: (B, H) contiguous, distinct from the inputs (every program
+    of a row reads all of h). One dtype for a, b, h, c, the weight and the
+    outputs. float32 accumulation and cell update, c_out rounded once and
+    h_out computed from the unrounded c_out; each row is computed on its own,
+    in an order that does not depend on B. Returns (h_out, c_out)."""
+    rows, in_a = a.shape
+    in_b, hidden = b.shape[1], h.shape[1]
+    assert b.shape[0] == h.shape[0] == c.shape[0] == rows and c.shape[1] == hidden
+    assert weight.shape == (4 * hidden, in_a + in_b + hidden) and bias.shape == (4 * hidden,)
+    assert h_out.shape == c_out.shape == (rows, hidden)
+    assert all(x.stride(1) == 1 for x in (a, b, h, c))
+    assert weight.is_contiguous() and bias.is_contiguous() and h_out.is_contiguous() and c_out.is_contiguous()
+    assert a.dtype == b.dtype == h.dtype == c.dtype == weight.dtype == h_out.dtype == c_out.dtype
+    assert bias.dtype == torch.float32
+    assert h_out.data_ptr() not in (a.data_ptr(), b.data_ptr(), h.data_ptr(), c.data_ptr())
+    assert c_out.data_ptr() not in (a.data_ptr(), b.data_ptr(), h.data_ptr(), c.data_ptr())
+    block_j = min(_LSTM_BLOCK_J, _pow2(hidden, at_least=1))
+    _lstm_cell_kernel[(rows, triton.cdiv(hidden, block_j))](
+        a, b, h, c, weight, bias, h_out, c_out, a.stride(0), b.stride(0), h.stride(0), c.stride(0),
+        IN_A=in_a, IN_B=in_b, H=hidden, BLOCK_J=block_j,
+        BLOCK_K=min(_LSTM_BLOCK_K, _pow2(max(in_a, in_b, hidden))), num_warps=_LSTM_WARPS)
+    return h_out, c_out

@@ -176,6 +176,16 @@ class DecoderState:
         return list(vars(self).values())
 
 
+# A stand-in for an LSTM cell on the concatenation of two inputs (Decoder.step):
+# (a, b, (h, c)) -> (h', c').
+LSTMCellHook = Callable[[Tensor, Tensor, tuple[Tensor, Tensor]], tuple[Tensor, Tensor]]
+
+
+def _cell_on_cat(cell: nn.LSTMCell) -> LSTMCellHook:
+    """The cell itself as an LSTMCellHook: cell(cat((a, b), 1), (h, c))."""
+    return lambda a, b, state: cell(torch.cat((a, b), 1), state)
+
+
 class Decoder(nn.Module):
     def __init__(self, d: Tacotron2Dims):
         super().__init__()
@@ -200,7 +210,9 @@ class Decoder(nn.Module):
              invalid: Tensor, keep_masks: list[Tensor] | None,
              attention: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None,
              prenet: Callable[[Tensor, list[Tensor] | None], Tensor] | None = None,
-             output: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+             output: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+             attention_rnn: LSTMCellHook | None = None,
+             decoder_rnn: LSTMCellHook | None = None
              ) -> tuple[DecoderState, Tensor]:
         """One frame for every row. Returns the new state (its ``frame`` is the
         output frame) and the gate logits (B,). The hooks, if given, stand in
@@ -209,10 +221,16 @@ class Decoder(nn.Module):
         weights, weights_cum, memory, processed_memory, invalid) -> (context,
         weights, weights_cum + weights); ``prenet`` for the prenet: (frame,
         keep_masks) -> prenet output; ``output`` for the projection and the
-        gate layer: (decoder hidden, context) -> (frame (B, n_mel), gate (B,))."""
+        gate layer: (decoder hidden, context) -> (frame (B, n_mel), gate (B,));
+        ``attention_rnn`` and ``decoder_rnn`` for the two LSTM cells on the
+        concatenation of two inputs: (a, b, (h, c)) -> (h', c'), as the cell
+        on (cat((a, b), 1), (h, c))."""
         x = self.prenet(s.frame, keep_masks) if prenet is None else prenet(s.frame, keep_masks)
-        ah, ac = self.attention_rnn(torch.cat((x, s.attention_context), 1),
-                                    (s.attention_hidden, s.attention_cell))
+        if attention_rnn is None:
+            attention_rnn = _cell_on_cat(self.attention_rnn)
+        if decoder_rnn is None:
+            decoder_rnn = _cell_on_cat(self.decoder_rnn)
+        ah, ac = attention_rnn(x, s.attention_context, (s.attention_hidden, s.attention_cell))
         if attention is None:
             weights_cat = torch.stack((s.attention_weights, s.attention_weights_cum), 1)
             context, weights = self.attention_layer(ah, memory, processed_memory, weights_cat, invalid)
@@ -220,7 +238,7 @@ class Decoder(nn.Module):
         else:
             context, weights, weights_cum = attention(ah, s.attention_weights, s.attention_weights_cum,
                                                       memory, processed_memory, invalid)
-        dh, dc = self.decoder_rnn(torch.cat((ah, context), 1), (s.decoder_hidden, s.decoder_cell))
+        dh, dc = decoder_rnn(ah, context, (s.decoder_hidden, s.decoder_cell))
         if output is None:
             hidden_context = torch.cat((dh, context), 1)
             frame = self.linear_projection(hidden_context)
