@@ -102,19 +102,21 @@ def test_fused_kernels_equal_the_plain_torch_coupling(monkeypatch):
     assert err < 1e-4
 
 
+@pytest.mark.parametrize("mode", ["elementwise", "matmul", "matmul_paired"])
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2), (torch.bfloat16, 5e-2)])
-def test_matmul_fused_kernels_equal_the_plain_eager_path(dtype, tol):
-    """FastWaveGlow's kernels_mode "matmul" (taps and gate, residual update
-    fused into Triton products), same tolerances as the elementwise kernels."""
+def test_every_waveglow_kernels_mode_equals_the_plain_eager_path(mode, dtype, tol):
+    """Each FastWaveGlow kernels_mode (whichever the engine runs by default):
+    the fused elementwise passes, the matmul-fused products, and those with
+    the gate's columns paired, against the plain eager path."""
     from tts_cli import kernels
     assert kernels.available()
     fast = engine(dtype)
     plain = fast.eager()
-    fast.fast_waveglow = fast.fast_waveglow.with_kernels("matmul")
+    fast.fast_waveglow = fast.fast_waveglow.with_kernels(mode)
     for r, ref in zip(fast.synthesize(jobs()), plain.synthesize(jobs())):
         assert r.frames == ref.frames and torch.isfinite(torch.as_tensor(r.audio)).all()
         audio_err = rel(r.audio, ref.audio)
-        print(f"{dtype}: matmul-fused kernels vs eager audio rel err {audio_err:.2e}")
+        print(f"{dtype}: {mode} kernels vs eager audio rel err {audio_err:.2e}")
         assert audio_err < tol
 
 

@@ -42,7 +42,7 @@ def kernel_errors(dtype_name: str) -> dict:
     from tts_cli import kernels
     from tts_cli.waveglow_fast import shifted_taps
     dtype = getattr(torch, dtype_name)
-    errors = {"taps_gate": 0.0, "residual_update": 0.0}
+    errors = {"taps_gate": 0.0, "residual_update": 0.0, "paired_vs_unpaired": 0.0}
     for config in CONFIGS:
         kernels._FIXED_CONFIG = config
         torch.manual_seed(0)
@@ -60,6 +60,10 @@ def kernel_errors(dtype_name: str) -> dict:
             z = shifted_taps(kept, d).view(-1, 3 * c) @ w_taps.float() + cond[:, 2 * c * i: 2 * c * (i + 1)].float()
             gated = torch.tanh(z[:, :c]) * torch.sigmoid(z[:, c:])
             errors["taps_gate"] = max(errors["taps_gate"], worst(acts[:, cols], gated))
+            paired = torch.full((b * t, c), float("nan"), dtype=dtype)
+            kernels.taps_gate(x.view(-1, c), keep.view(-1), cond, i, kernels.pair_gate_columns(w_taps), t, d,
+                              out=paired, paired=True)
+            errors["paired_vs_unpaired"] = max(errors["paired_vs_unpaired"], worst(paired, acts[:, cols].float()))
             w_res, b_res = (torch.randn(c, c) / c ** 0.5).to(dtype), torch.randn(c).to(dtype)
             updated = x.view(-1, c).float() + acts[:, cols].float() @ w_res.float() + b_res.float()
             kernels.residual_update(acts[:, cols], w_res, b_res, x.view(-1, c))
@@ -100,8 +104,11 @@ def coupling_errors(dtype_name: str) -> dict:
         plain = FastWaveGlow(model, dtype)
         matmul = FastWaveGlow(model, dtype, kernels_mode="matmul")
         matmul._fused_coupling = lambda x: matmul._coupling_fused_matmul   # CPU, interpreted
+        paired = matmul.with_kernels("matmul_paired")
+        paired._fused_coupling = lambda x: paired._coupling_fused_matmul
         got_plain = plain.infer(mel, frames, seeds, 0.666)
         got_matmul = matmul.infer(mel, frames, seeds, 0.666)
+        got_paired = paired.infer(mel, frames, seeds, 0.666)
         windows = plain.frame_windows(mel)
         keep = (torch.arange(7 * 32)[None, :] < frames[:, None] * 32)[..., None].to(dtype)
         coupling = 0.0
@@ -110,7 +117,8 @@ def coupling_errors(dtype_name: str) -> dict:
             expected = plain.coupling(w, a0, windows, keep).float()
             coupling = max(coupling, rel(matmul.coupling(w, a0, windows, keep).float(), expected))
     assert got_matmul.isfinite().all()
-    return {"coupling_matmul_vs_plain": coupling, "matmul_vs_plain": rel(got_matmul, got_plain), "matmul_vs_fp32_model": rel(got_matmul, reference),
+    return {"coupling_matmul_vs_plain": coupling, "matmul_vs_plain": rel(got_matmul, got_plain),
+            "paired_vs_matmul": (got_paired - got_matmul).abs().max().item(), "matmul_vs_fp32_model": rel(got_matmul, reference),
             "plain_vs_fp32_model": rel(got_plain, reference)}
 
 
@@ -377,6 +385,8 @@ def test_matmul_kernels_equal_torch_under_the_interpreter(dtype, tol):
     errors = interpreted("kernel_errors", dtype)
     # float16: one rounding of values up to ~8 (half an ulp: 4e-3)
     assert errors["taps_gate"] < tol and errors["residual_update"] < tol
+    # the paired layout changes where columns sit, not the sums: bitwise equal
+    assert errors["paired_vs_unpaired"] == 0.0
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-2)])
@@ -384,6 +394,7 @@ def test_matmul_coupling_equals_the_plain_coupling_under_the_interpreter(dtype, 
     pytest.importorskip("triton")
     errors = interpreted("coupling_errors", dtype)
     assert errors["coupling_matmul_vs_plain"] < tol and errors["matmul_vs_plain"] < tol
+    assert errors["paired_vs_matmul"] == 0.0   # "matmul_paired": the same sums, bitwise
     # fp32 accumulation with one rounding: no less accurate than cuBLAS's products
     assert errors["matmul_vs_fp32_model"] < 1.5 * errors["plain_vs_fp32_model"] + 1e-5
 

@@ -351,12 +351,14 @@ def _baseline(engine: Engine, b: BenchSettings, settings: Settings, tmp: Path) -
 
 
 def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
-    """Slope of decode time against steps: fixed costs (encoder, postnet) cancel."""
+    """Slope of decode time against steps: fixed costs (encoder, postnet)
+    cancel. 800 steps apart, median of 5: at batch 1 that is ~60 ms against
+    run-to-run noise of a few hundred microseconds."""
     ids = frontend.text_to_sequence("A sentence of ordinary length for timing the decoder steps.")
     def run(frames):
         return _timed(lambda: engine.decode_only([Job(ids, seed=i, frames=frames) for i in range(batch)]),
-                      engine.device)
-    return (run(300) - run(100)) / 200 * 1e3
+                      engine.device, repeats=5)
+    return (run(900) - run(100)) / 800 * 1e3
 
 
 # Decoder fusions measured beside the running ones (engine.DECODER_FUSIONS),

@@ -110,12 +110,15 @@ class Result:
 
 
 # What the fast path runs on CUDA, chosen by `tts-batch bench` measurements on
-# an H200 (BENCHMARKS.md, 2026-11-29): the decoder's attention as one fused
-# kernel (0.066 against 0.088 ms per step at batch 1; 1.23M against 1.03M
-# frames/s at batch 128) and WaveGlow's matmul-fused kernels (438.6 against
-# 404.7 TFLOP/s). The bench measures the alternatives beside these.
-DECODER_FUSIONS = {"fused_attention": True}
-WAVEGLOW_KERNELS = "matmul"
+# an H200 (BENCHMARKS.md, 2026-11-29), each against the alternative in the same
+# run: the decoder's attention as one fused kernel (0.066 against 0.088 ms per
+# step at batch 1; 1.23M against 1.03M frames/s at batch 128), then its prenet
+# too (0.075 against 0.082 ms; 1.25M against 1.21M frames/s); WaveGlow's
+# matmul-fused kernels (438.6 against 404.7 TFLOP/s), then with the gate's
+# columns paired (460.7 against 443.8). The bench measures the alternatives
+# beside these.
+DECODER_FUSIONS = {"fused_attention": True, "fused_prenet": True}
+WAVEGLOW_KERNELS = "matmul_paired"
 
 
 class Engine:

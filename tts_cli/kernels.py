@@ -273,7 +273,11 @@ if triton is not None:
 
     _taps_gate_tuned = triton.autotune(_TAPS_GATE_CONFIGS, key=["C"],
                                        prune_configs_by={"early_config_prune": _fitting})(_taps_gate_kernel)
-    _taps_gate_paired_tuned = triton.autotune(_TAPS_GATE_CONFIGS, key=["C"],
+    # One accumulator twice as wide: slow to compile, so few (H200: 16.7 s
+    # for all twelve above; (128, 128, 32, 8 warps, 4 stages) was the best).
+    _TAPS_GATE_PAIRED_CONFIGS = [_config(128, 128, 32, 8, 4), _config(128, 128, 64, 8, 3),
+                                 _config(128, 64, 64, 8, 3), _config(64, 128, 64, 4, 4)]
+    _taps_gate_paired_tuned = triton.autotune(_TAPS_GATE_PAIRED_CONFIGS, key=["C"],
                                               prune_configs_by={"early_config_prune": _fitting}
                                               )(_taps_gate_paired_kernel)
     # Timing a config runs it many times: x is restored after each.
