@@ -138,3 +138,14 @@ def test_the_fused_lstm_weights_are_the_cell_s_products_and_biases():
     no_bias = torch.nn.LSTMCell(8, 4, bias=False)
     assert torch.equal(kernels.fuse_lstm_weights(no_bias.weight_ih, no_bias.weight_hh, None, None)[1],
                        torch.zeros(16))
+
+
+def test_a_decoder_names_the_fusions_it_runs():
+    """GraphedDecoder.fusions (what the bench reports as running): off CUDA
+    only the plain-torch output fusion can run; the Triton ones asked for
+    are left out, not claimed."""
+    model = tiny_tacotron2(seed=6)
+    cfg = DecodeSettings(max_decoder_steps=8)
+    assert GraphedDecoder(model, cfg).fusions == set()
+    every = GraphedDecoder(model, cfg, fused_attention=True, fused_prenet=True, fused_output=True, fused_rnn=True)
+    assert every.fusions == {"fused_output"}

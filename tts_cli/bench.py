@@ -371,17 +371,10 @@ DECODER_CANDIDATES = {
 }
 
 
-def _fusion_taken(graphed: GraphedDecoder, flag: str) -> bool:
-    """Whether ``graphed`` runs the fusion ``flag`` (e.g. fused_attention ->
-    its ``attention`` hook); a fusion that cannot run here leaves it None."""
-    return getattr(graphed, flag.removeprefix("fused_"), None) is not None
-
-
 def _running_fusions(engine: Engine) -> list[str]:
     if engine.graphed is None:
         return []
-    flags = {f for fusions in DECODER_CANDIDATES.values() for f in fusions} | set(DECODER_FUSIONS)
-    return sorted(f.removeprefix("fused_") for f in flags if _fusion_taken(engine.graphed, f))
+    return sorted(f.removeprefix("fused_") for f in engine.graphed.fusions)
 
 
 def _candidate_decoder(engine: Engine, fusions: dict) -> GraphedDecoder:
@@ -403,7 +396,7 @@ def _decoder_candidate(engine: Engine, running_ms_batch1: float, batch: int, nam
     try:
         fused = copy.copy(engine)
         fused.graphed = _candidate_decoder(engine, fusions)
-        if any(on and not _fusion_taken(fused.graphed, flag) for flag, on in fusions.items()):
+        if any(on and flag not in fused.graphed.fusions for flag, on in fusions.items()):
             return {}
         ms_1 = _decoder_ms_per_step(fused, 1)
         ms_b = _decoder_ms_per_step(fused, batch)

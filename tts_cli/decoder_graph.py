@@ -170,6 +170,14 @@ class GraphedDecoder:
         self.attention_rnn = _FusedLSTMCell(model.decoder.attention_rnn) if fused_rnn and triton_ok else None
         self.decoder_rnn = _FusedLSTMCell(model.decoder.decoder_rnn) if fused_rnn and triton_ok else None
 
+    @property
+    def fusions(self) -> set[str]:
+        """The fusions this decoder runs, by their constructor flags (one
+        asked for where it cannot run is not among them)."""
+        hooks = {"fused_attention": self.attention, "fused_prenet": self.prenet,
+                 "fused_output": self.output, "fused_rnn": self.attention_rnn}
+        return {flag for flag, hook in hooks.items() if hook is not None}
+
     @torch.inference_mode()
     def decode(self, ids: Tensor, lengths: Tensor, seeds: Tensor,
                frame_override: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
