@@ -143,7 +143,10 @@ def decoder_step(dec, training: bool, x: Tensor, ah: Tensor, ac: Tensor, dh: Ten
                  processed_memory: Tensor, invalid: Tensor) -> tuple[Tensor, ...]:
     """One teacher-forced decoder step (x: the prenet output of the previous
     ground-truth frame). A function of tensors only, so --compile can fuse
-    its ~25 small kernels: the step loop is what bounds training speed."""
+    its ~25 small kernels: the step loop is what bounds training speed. It
+    returns the projection's input, cat(dh, context): the projection and the
+    gate layer run once over all steps after the loop (``project``), one
+    product each instead of one per step, forwards and backwards."""
     ah, ac = dec.attention_rnn(torch.cat((x, context), 1), (ah, ac))
     # The reference keeps the dropped-out hidden state as the state.
     ah = F.dropout(ah, P_ATTENTION_DROPOUT, training)
@@ -152,10 +155,15 @@ def decoder_step(dec, training: bool, x: Tensor, ah: Tensor, ac: Tensor, dh: Ten
     weights_cum = weights_cum + weights
     dh, dc = dec.decoder_rnn(torch.cat((ah, context), 1), (dh, dc))
     dh = F.dropout(dh, P_DECODER_DROPOUT, training)
-    hidden_context = torch.cat((dh, context), 1)
-    frame = dec.linear_projection(hidden_context)
-    gate = dec.gate_layer(hidden_context).squeeze(1)
-    return ah, ac, dh, dc, weights, weights_cum, context, frame, gate
+    return ah, ac, dh, dc, weights, weights_cum, context, torch.cat((dh, context), 1)
+
+
+def project(dec, hidden_context: Tensor) -> tuple[Tensor, Tensor]:
+    """(T, B, D) projection inputs of every step -> frames (B, n_mel, T) and
+    gate logits (B, T): the decoder's last two layers, once for all steps."""
+    frames = dec.linear_projection(hidden_context).permute(1, 2, 0)
+    gates = dec.gate_layer(hidden_context).squeeze(2).t()
+    return frames, gates
 
 
 compiled_step = None   # torch.compile(decoder_step) with --compile
@@ -174,16 +182,16 @@ def decode_teacher_forced(model: Tacotron2, memory: Tensor, invalid: Tensor, mel
     s = dec.initial_state(memory)
     ah, ac, dh, dc = s.attention_hidden, s.attention_cell, s.decoder_hidden, s.decoder_cell
     weights, weights_cum, context = s.attention_weights, s.attention_weights_cum, s.attention_context
-    frames, gates, alignments = [], [], []
+    hidden_contexts, alignments = [], []
     step = compiled_step or decoder_step
     for t in range(steps):
-        ah, ac, dh, dc, weights, weights_cum, context, frame, gate = step(
+        ah, ac, dh, dc, weights, weights_cum, context, hidden_context = step(
             dec, model.training, prenet_out[t], ah, ac, dh, dc, weights, weights_cum, context,
             memory, processed_memory, invalid)
-        frames.append(frame)
-        gates.append(gate)
+        hidden_contexts.append(hidden_context)
         alignments.append(weights)
-    return torch.stack(frames, 2), torch.stack(gates, 1), torch.stack(alignments, 1)
+    frames, gates = project(dec, torch.stack(hidden_contexts))
+    return frames, gates, torch.stack(alignments, 1)
 
 
 def postnet(model: Tacotron2, mel: Tensor, keep: Tensor) -> Tensor:
