@@ -90,3 +90,24 @@ def test_two_processes_share_the_corpus_and_rank_0_alone_reports(tmp_path, monke
 if __name__ == "__main__":
     bench.random_models = tiny_random_models
     main(prog_name="tts-batch")
+
+
+def test_the_whole_bench_runs_on_cpu_and_its_stage_rates_add_up(tmp_path, monkeypatch):
+    """Plain ``tts-batch bench`` on CPU (tiny models): every measure that does
+    not need CUDA is there, the GPU-only candidates are left out rather than
+    failing, and the end-to-end rate's share of WaveGlow alone is the ratio
+    of the two rates the table prints."""
+    monkeypatch.setattr(bench, "random_models", tiny_random_models)
+    json_path = tmp_path / "all.json"
+    result = CliRunner().invoke(main, [*bench_arguments(corpus_file(tmp_path), json_path),
+                                       "--baseline-lines", "2"])
+    assert result.exit_code == 0, result.output
+    r = json.loads(json_path.read_text())
+    assert r["lines"] == len(LINES) and r["audio_seconds"] > 0
+    assert r["decoder_fusions"] == "none" and r["waveglow_kernels"] == "none"   # plain models on CPU
+    assert r["decoder_ms_per_step_batch1"] > 0 and r["waveglow_alone_audio_seconds_per_second"] > 0
+    assert r["end_to_end_share_of_waveglow_alone"] == \
+        r["audio_seconds_per_second"] / r["waveglow_alone_audio_seconds_per_second"]
+    assert not any(key.endswith("_error") for key in r)
+    assert not any(key.startswith(("decoder_fused_", "waveglow_matmul", "waveglow_elementwise")) for key in r)
+    assert "| end to end as a share of WaveGlow alone |" in result.output

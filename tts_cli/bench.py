@@ -202,6 +202,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         "waveglow_tflops": wg_tflops, "waveglow_executed_tflops": wg_executed,
         "matmul_ceiling_tflops": ceiling,
         "waveglow_fraction_of_ceiling": wg_tflops / ceiling,
+        **_stage_rates(engine, settings, wg_tflops, b.batch_size / step_ms_b * 1e3, speed),
         "peak_gpu_memory_gib": peak, "startup_seconds": startup,
         "baseline_lines": baseline["lines"],
         "baseline_audio_seconds_per_second": baseline["speed"],
@@ -444,6 +445,20 @@ def _waveglow_tflops(engine: Engine) -> tuple[float, float]:
             waveglow_flops_per_sample(d, folded=engine.fast) * samples_per_second / 1e12)
 
 
+def _stage_rates(engine: Engine, settings: Settings, wg_tflops: float, frames_per_second: float,
+                 speed: float) -> dict:
+    """Each stage alone as audio seconds per wall second (WaveGlow from its
+    TFLOP/s, the decoder from its frames/s at the bench batch), and the end
+    to end rate as a share of WaveGlow alone: how much the rest of the job
+    (decoder, encoder and postnet, denoiser, copies, graph capture, files,
+    pipeline filling and draining) costs beyond the slowest stage."""
+    d = engine.waveglow.dims
+    waveglow_alone = wg_tflops * 1e12 / (waveglow_flops_per_sample(d) * settings.sample_rate)
+    return {"waveglow_alone_audio_seconds_per_second": waveglow_alone,
+            "decoder_alone_audio_seconds_per_second": frames_per_second * d.hop_length / settings.sample_rate,
+            "end_to_end_share_of_waveglow_alone": speed / waveglow_alone}
+
+
 def _other_kernels_modes(engine: Engine) -> list[str]:
     """WaveGlow's kernels modes other than the running one, where the fused
     kernels can run (CUDA with Triton)."""
@@ -529,6 +544,10 @@ TABLE = [
     ("every decoder fusion, end to end: failed", "decoder_fused_step_end_to_end_error", "{}"),
     ("matmul ceiling TFLOP/s (measured now)", "matmul_ceiling_tflops", "{:.1f}"),
     ("WaveGlow fraction of ceiling (reference arithmetic)", "waveglow_fraction_of_ceiling", "{:.1%}"),
+    ("WaveGlow alone: audio s per wall s", "waveglow_alone_audio_seconds_per_second", "{:.1f}"),
+    ("Tacotron2 decoder alone at bench batch: audio s per wall s", "decoder_alone_audio_seconds_per_second",
+     "{:.1f}"),
+    ("end to end as a share of WaveGlow alone", "end_to_end_share_of_waveglow_alone", "{:.1%}"),
     ("peak GPU memory GiB", "peak_gpu_memory_gib", "{:.1f}"),
     ("startup s (build, warm-up)", "startup_seconds", "{:.1f}"),
     ("naive batch-1 loop: audio s per wall s", "baseline_audio_seconds_per_second", "{:.1f}"),
