@@ -339,12 +339,42 @@ def fused_rnn_decoder_errors(dtype_name: str) -> dict:
     assert dtype_name == "float32"
 
     def plug(decoder_graph, model, cfg):
-        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_rnn=True)
+        # a batch of 3: the fused cells' batch limit raised so they run in it
+        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_rnn=True,
+                                               fused_rnn_max_batch=64)
         assert graphed.attention_rnn is None and graphed.decoder_rnn is None   # not on CUDA
         graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
         graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
         return graphed
     return _graph_decoder_errors(plug)
+
+
+def fused_rnn_batch_limit_calls(dtype_name: str) -> dict:
+    """How many kernels.lstm_cell launches the graph decoder makes for a
+    batch of 3 and for one line, with fused_rnn on and the default batch
+    limit (1 row), the fused cells put in place as on CUDA."""
+    import torch
+    from tts_cli import decoder_graph, kernels
+    from tts_cli.batching import pad_sequences
+    from tts_cli.tacotron2 import DecodeSettings
+    from tiny_models import tiny_tacotron2
+    assert dtype_name == "float32"
+    calls = []
+    launch = kernels.lstm_cell
+    kernels.lstm_cell = lambda *args: calls.append(1) or launch(*args)
+    model = tiny_tacotron2(seed=6)
+    graphed = decoder_graph.GraphedDecoder(model, DecodeSettings(max_decoder_steps=8), steps_per_graph=8,
+                                           fused_rnn=True)
+    graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
+    graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
+    ids, lengths = pad_sequences([[12, 13, 14], [15, 16], [17, 18, 19, 20]])
+    counts = {}
+    with torch.inference_mode():
+        graphed.decode(ids, lengths, torch.tensor([1, 2, 3]))
+        counts["batch_of_3"] = len(calls)
+        graphed.decode(ids[:1, :3], lengths[:1], torch.tensor([1]))
+        counts["one_line"] = len(calls) - counts["batch_of_3"]
+    return counts
 
 
 def fused_step_decoder_errors(dtype_name: str) -> dict:
@@ -355,7 +385,8 @@ def fused_step_decoder_errors(dtype_name: str) -> dict:
 
     def plug(decoder_graph, model, cfg):
         graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True,
-                                               fused_prenet=True, fused_output=True, fused_rnn=True)
+                                               fused_prenet=True, fused_output=True, fused_rnn=True,
+                                               fused_rnn_max_batch=64)
         assert graphed.attention is None and graphed.prenet is None and graphed.output is not None
         assert graphed.attention_rnn is None and graphed.decoder_rnn is None
         graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
@@ -444,6 +475,15 @@ def test_graph_decoder_with_the_fused_lstm_cells_equals_the_eager_one_under_the_
     result = interpreted("fused_rnn_decoder_errors", "float32")
     assert result["same_stops"] and len(set(result["frames"])) > 1, result
     assert result["mel"] < 1e-4
+
+
+def test_the_fused_lstm_cells_run_only_in_graphs_of_one_row_by_default():
+    """Their programs read all the weights for every row, so larger batches
+    keep cuBLAS's products (fused_rnn_max_batch, default 1)."""
+    pytest.importorskip("triton")
+    result = interpreted("fused_rnn_batch_limit_calls", "float32")
+    assert result["batch_of_3"] == 0
+    assert result["one_line"] == 2 * 8   # two cells, 8 steps (one graph's worth)
 
 
 def test_graph_decoder_with_every_fusion_equals_the_eager_one_under_the_interpreter():
