@@ -399,3 +399,28 @@ def test_batch_order_covers_every_utterance_each_epoch_and_resumes_by_step():
     assert sorted(epoch) == list(range(10))
     # A run resumed at step 5 sees the batch an uninterrupted run would.
     assert common.BatchOrder(lengths, 3, seed=4)(5) == order(5)
+
+
+def test_the_guided_attention_loss_is_the_share_of_attention_off_the_diagonal():
+    """Per decoder step, whatever the text length: a diagonal alignment
+    costs almost nothing, one stuck near the end of the text costs about the
+    share of steps far from it, for 20 symbols as for 200 (averaged over
+    text positions instead, the penalty would shrink tenfold between them)."""
+    from train_tacotron2 import guided_attention_loss
+
+    def alignment(n_text: int, frames: int, where) -> torch.Tensor:
+        a = torch.zeros(1, frames, n_text)
+        for t in range(frames):
+            a[0, t, where(t, n_text, frames)] = 1.0
+        return a
+
+    diagonal = lambda t, n, f: round(t * (n - 1) / (f - 1))
+    stuck = lambda t, n, f: round(0.9 * (n - 1))
+    costs = {}
+    for n_text, frames in [(20, 100), (200, 1000)]:
+        lengths, mel_lengths = torch.tensor([n_text]), torch.tensor([frames])
+        costs[n_text] = [float(guided_attention_loss(alignment(n_text, frames, w), lengths, mel_lengths))
+                         for w in (diagonal, stuck)]
+    for on_diagonal, at_end in costs.values():
+        assert on_diagonal < 0.01 and 0.5 < at_end < 0.9
+    assert costs[20][1] == pytest.approx(costs[200][1], rel=0.1)
