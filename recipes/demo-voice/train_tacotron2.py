@@ -524,7 +524,7 @@ def parse_args(argv: list[str] | None):
     p = common.training_arguments(__doc__.split("\n\n")[0], "folder of make_data.py + mel.py",
                                   {"max_steps": 1_000_000, "batch_size": 64, "lr": 1e-3, "log_every": 50})
     p.add_argument("--guide-weight", type=float, default=1.0)
-    p.add_argument("--guide-steps", type=int, default=4000, help="guided attention fades to 0 by then")
+    p.add_argument("--guide-steps", type=int, default=8000, help="guided attention fades to 0 by then")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
     p.add_argument("--dims", type=common.parse_dims, default=None,
                    help="override DEMO_DIMS, e.g. 'embedding_dim=32,attention_rnn_dim=32' (tests)")
