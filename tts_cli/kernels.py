@@ -33,6 +33,12 @@ And one for its prenet (``GraphedDecoder(..., fused_prenet=True)``):
 * ``prenet_step``: both prenet layers (product, relu, dropout keep mask,
   twice) in one launch, each row on its own.
 
+And one for its two LSTM cells (``GraphedDecoder(..., fused_rnn=True)``, in
+graphs of few rows):
+
+* ``lstm_cell``: an nn.LSTMCell on the concatenation of two inputs, read in
+  place, both products and the cell update in one launch.
+
 ``available()`` is False without Triton or CUDA; callers then use plain torch.
 """
 from __future__ import annotations
