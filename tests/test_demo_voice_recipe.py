@@ -424,3 +424,13 @@ def test_the_guided_attention_loss_is_the_share_of_attention_off_the_diagonal():
     for on_diagonal, at_end in costs.values():
         assert on_diagonal < 0.01 and 0.5 < at_end < 0.9
     assert costs[20][1] == pytest.approx(costs[200][1], rel=0.1)
+
+
+def test_max_frames_keeps_only_the_short_utterances(tone_data):
+    """--max-frames (a start on short lines): the utterances longer than the
+    limit are left out of training, the others kept whole."""
+    everything = train_tacotron2.Dataset(tone_data)
+    limit = sorted(everything.frames)[1]
+    short = train_tacotron2.Dataset(tone_data, max_frames=limit)
+    assert 0 < len(short) < len(everything)
+    assert sorted(short.frames) == sorted(f for f in everything.frames if f <= limit)

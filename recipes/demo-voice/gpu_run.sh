@@ -53,6 +53,9 @@ train() {
     local model=$1
     export CUDA_VISIBLE_DEVICES=$2
     local args=(--data runs/data --out runs/$model --batch-size "$3")
+    # TACOTRON2_ARGS / WAVEGLOW_ARGS: more options for one trainer (word-split)
+    local extra_name="${model^^}_ARGS"
+    args+=(${!extra_name:-})
     python3 $R/train_$model.py "${args[@]}" --minutes "$(left)" \
     || python3 $R/train_$model.py "${args[@]}" --no-graphs --minutes "$(left)"
 }

@@ -268,10 +268,12 @@ def losses(out: dict[str, Tensor], mels: Tensor, lengths: Tensor, mel_lengths: T
 class Dataset:
     """Symbol ids and cached mels of the training list, padded into batches."""
 
-    def __init__(self, data: Path):
+    def __init__(self, data: Path, max_frames: int = MAX_FRAMES):
+        """Only utterances of at most ``max_frames`` frames (--max-frames: a
+        start on short lines, whose steps cost less, to learn to align)."""
         mels = torch.load(data / "mels.pt", map_location="cpu")
         rows = [(uid, line) for uid, line in read_filelist(data / "train.psv")
-                if uid in mels and mels[uid].shape[1] <= MAX_FRAMES]
+                if uid in mels and mels[uid].shape[1] <= max_frames]
         self.ids = [torch.tensor(frontend.text_to_sequence(line)) for _, line in rows]
         self.mels = [mels[uid] for uid, _ in rows]
         self.frames = [m.shape[1] for m in self.mels]
@@ -463,7 +465,7 @@ def train(args) -> dict:
     log = common.Log(out)
     budget = common.Budget(args.minutes)
     dims = replace(DEMO_DIMS, **args.dims) if args.dims else DEMO_DIMS
-    data = Dataset(args.data)
+    data = Dataset(args.data, args.max_frames)
     captured = common.use_graphs(args)
     model, optimizer = build(dims, args.device, args.lr, captured)
     scaler = common.grad_scaler(args.device, args.precision)
@@ -526,6 +528,9 @@ def parse_args(argv: list[str] | None):
                                   {"max_steps": 1_000_000, "batch_size": 64, "lr": 1e-3, "log_every": 50})
     p.add_argument("--guide-weight", type=float, default=1.0)
     p.add_argument("--guide-steps", type=int, default=8000, help="guided attention fades to 0 by then")
+    p.add_argument("--max-frames", type=int, default=MAX_FRAMES,
+                   help="train only on utterances of at most this many frames (e.g. 400 to start: "
+                        "short lines align sooner and cost less per step)")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
     p.add_argument("--dims", type=common.parse_dims, default=None,
                    help="override DEMO_DIMS, e.g. 'embedding_dim=32,attention_rnn_dim=32' (tests)")
