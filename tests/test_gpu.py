@@ -102,12 +102,13 @@ def test_fused_kernels_equal_the_plain_torch_coupling(monkeypatch):
     assert err < 1e-4
 
 
-@pytest.mark.parametrize("mode", ["elementwise", "matmul", "matmul_paired"])
+@pytest.mark.parametrize("mode", ["elementwise", "matmul", "matmul_paired", "matmul_padded"])
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2), (torch.bfloat16, 5e-2)])
 def test_every_waveglow_kernels_mode_equals_the_plain_eager_path(mode, dtype, tol):
     """Each FastWaveGlow kernels_mode (whichever the engine runs by default):
-    the fused elementwise passes, the matmul-fused products, and those with
-    the gate's columns paired, against the plain eager path."""
+    the fused elementwise passes, the matmul-fused products, those with
+    the gate's columns paired, and those over item-padded rows loaded by
+    the tensor memory accelerator, against the plain eager path."""
     from tts_cli import kernels
     assert kernels.available()
     fast = engine(dtype)

@@ -106,9 +106,12 @@ def coupling_errors(dtype_name: str) -> dict:
         matmul._fused_coupling = lambda x: matmul._coupling_fused_matmul   # CPU, interpreted
         paired = matmul.with_kernels("matmul_paired")
         paired._fused_coupling = lambda x: paired._coupling_fused_matmul
+        padded = matmul.with_kernels("matmul_padded")
+        padded._fused_coupling = lambda x: padded._coupling_fused_padded
         got_plain = plain.infer(mel, frames, seeds, 0.666)
         got_matmul = matmul.infer(mel, frames, seeds, 0.666)
         got_paired = paired.infer(mel, frames, seeds, 0.666)
+        got_padded = padded.infer(mel, frames, seeds, 0.666)
         windows = plain.frame_windows(mel)
         keep = (torch.arange(7 * 32)[None, :] < frames[:, None] * 32)[..., None].to(dtype)
         coupling = 0.0
@@ -116,9 +119,15 @@ def coupling_errors(dtype_name: str) -> dict:
             a0 = torch.randn(3, 7 * 32, w.start.shape[0])
             expected = plain.coupling(w, a0, windows, keep).float()
             coupling = max(coupling, rel(matmul.coupling(w, a0, windows, keep).float(), expected))
+        # every row of the padded form's coupling (past each length too) against the plain one
+        coupling_padded = max(rel(padded.coupling(wp, a0, windows, keep).float(), plain.coupling(w, a0, windows, keep).float())
+                              for w, wp in zip(plain.flows, padded.flows)
+                              for a0 in [torch.randn(3, 7 * 32, w.start.shape[0])])
     assert got_matmul.isfinite().all()
     return {"coupling_matmul_vs_plain": coupling, "matmul_vs_plain": rel(got_matmul, got_plain),
-            "paired_vs_matmul": (got_paired - got_matmul).abs().max().item(), "matmul_vs_fp32_model": rel(got_matmul, reference),
+            "paired_vs_matmul": (got_paired - got_matmul).abs().max().item(),
+            "padded_vs_matmul": (got_padded - got_matmul).abs().max().item(),
+            "coupling_padded_vs_plain": coupling_padded, "matmul_vs_fp32_model": rel(got_matmul, reference),
             "plain_vs_fp32_model": rel(got_plain, reference)}
 
 
@@ -426,6 +435,9 @@ def test_matmul_coupling_equals_the_plain_coupling_under_the_interpreter(dtype, 
     errors = interpreted("coupling_errors", dtype)
     assert errors["coupling_matmul_vs_plain"] < tol and errors["matmul_vs_plain"] < tol
     assert errors["paired_vs_matmul"] == 0.0   # "matmul_paired": the same sums, bitwise
+    # "matmul_padded": the same sums again; x's rows past each length are
+    # zeros instead of unread values, which changes nothing any row reads
+    assert errors["padded_vs_matmul"] == 0.0 and errors["coupling_padded_vs_plain"] < tol
     # fp32 accumulation with one rounding: no less accurate than cuBLAS's products
     assert errors["matmul_vs_fp32_model"] < 1.5 * errors["plain_vs_fp32_model"] + 1e-5
 

@@ -222,9 +222,12 @@ if triton is not None:
                     cond_offset, out_stride, C)
 
     @triton.jit(do_not_specialize=["n_rows"])
-    def _residual_update_kernel(a_ptr, w_ptr, b_ptr, x_ptr, n_rows, a_stride,
-                                C: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    def _residual_update_kernel(a_ptr, w_ptr, b_ptr, x_ptr, keep_ptr, n_rows, a_stride, seq_len, pad,
+                                C: tl.constexpr, DOT_PRECISION: tl.constexpr, PADDED: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # PADDED: x has ``pad`` zero rows before and after each item of
+        # seq_len rows (residual_update_padded); its rows whose keep is 0
+        # are stored as 0, so they read as zeros wherever they are taps.
         pid = tl.program_id(0)
         pid_m = pid // (C // BLOCK_N)
         pid_n = pid % (C // BLOCK_N)
@@ -240,8 +243,12 @@ if triton is not None:
             a = tl.load(a_block + k, mask=mask, other=0.0)
             acc = tl.dot(a, tl.load(w_block + k * C), acc, input_precision=DOT_PRECISION)
         acc += tl.load(b_ptr + cols).to(tl.float32)[None, :]
-        x = x_ptr + rows64[:, None] * C + cols[None, :]
+        x_rows = rows64 + (2 * (rows64 // seq_len) + 1) * pad if PADDED else rows64
+        x = x_ptr + x_rows[:, None] * C + cols[None, :]
         acc += tl.load(x, mask=mask, other=0.0).to(tl.float32)
+        if PADDED:
+            kept = tl.load(keep_ptr + rows64, mask=rows < n_rows, other=0) != 0
+            acc = tl.where(kept[:, None], acc, 0.0)
         tl.store(x, acc.to(x_ptr.dtype.element_ty), mask=mask)
 
     def _config(block_m, block_n, block_k, warps, stages):
@@ -364,8 +371,8 @@ def residual_update(acts: Tensor, w_res: Tensor, b_res: Tensor, x: Tensor) -> Te
     assert acts.shape == (n, c) and acts.stride(1) == 1 and w_res.shape == (c, c) and c % 16 == 0
     assert acts.dtype == w_res.dtype
     _launch(_residual_update_tuned, _residual_update_kernel, n, c,
-            acts, w_res, b_res, x, n, acts.stride(0),
-            C=c, DOT_PRECISION=_dot_precision(x.dtype))
+            acts, w_res, b_res, x, x, n, acts.stride(0), 1, 0,
+            C=c, DOT_PRECISION=_dot_precision(x.dtype), PADDED=False)
     return x
 
 
@@ -386,6 +393,101 @@ def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18,
               out=out, paired=paired)
     w_res = (torch.randn(c, c, device=device) / c ** 0.5).to(dtype)
     residual_update(out, w_res, torch.zeros(c, device=device, dtype=dtype), x)
+
+
+# ---------------------------------------------------------------------------
+# The taps+gate product over item-padded rows (kernels_mode="matmul_padded"):
+# with ``pad`` zero rows before and after each item (pad >= the largest
+# dilation) and x's rows past each item's length kept at zero, the shifted
+# rows of x are plain tiles: the tensor memory accelerator loads them with no
+# masks (rows before the first or past the last come back as zeros).
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:   # no Triton, or one without host-side tensor descriptors
+    TensorDescriptor = None
+
+if triton is not None:
+    @triton.jit
+    def _unpadded_rows(r_pad, n_pad_rows, seq_len, pad):
+        """Padded row -> (its unpadded row, whether it is one of an item's steps)."""
+        span = seq_len + 2 * pad
+        t = r_pad % span - pad
+        inside = (t >= 0) & (t < seq_len) & (r_pad < n_pad_rows)
+        return (r_pad // span).to(tl.int64) * seq_len + t, inside
+
+    @triton.jit(do_not_specialize=["n_pad_rows", "seq_len", "pad", "dilation"])
+    def _taps_gate_padded_kernel(x_desc, w_desc, cond_ptr, out_ptr, n_pad_rows, seq_len, pad, dilation,
+                                 cond_stride, cond_offset, out_stride,
+                                 C: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # As _taps_gate_paired_kernel, over padded rows of x: A tiles come
+        # straight from the descriptor, shifted by (tap - 1) * dilation rows.
+        pid = tl.program_id(0)
+        pid_m = pid // (C // BLOCK_N)
+        pid_n = pid % (C // BLOCK_N)
+        m0 = pid_m * BLOCK_M
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k in range(0, 3 * C, BLOCK_K):     # K = 3C; a block lies inside one tap
+            tap = k // C
+            a = x_desc.load([m0 + (tap - 1) * dilation, k - tap * C])
+            acc = tl.dot(a, w_desc.load([k, pid_n * 2 * BLOCK_N]), acc, input_precision=DOT_PRECISION)
+        z_tanh, z_sigmoid = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+        rows64, inside = _unpadded_rows(m0 + tl.arange(0, BLOCK_M), n_pad_rows, seq_len, pad)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        _gate_store(z_tanh, z_sigmoid, cond_ptr, out_ptr, rows64, inside, cols, cond_stride,
+                    cond_offset, out_stride, C)
+
+# One launch shape, not autotuned: descriptors carry their block shapes. A
+# 128 x 256 tile (the paired tanh and sigmoid columns) as cuBLAS's, 3 stages
+# of 48 KiB; float32 (exactness, not speed) in small tiles.
+_PADDED_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
+_PADDED_FLOAT32_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}
+
+
+def padded_available() -> bool:
+    return available() and TensorDescriptor is not None
+
+
+def taps_gate_padded(x_pad: Tensor, cond: Tensor, layer: int, w_paired: Tensor, seq_len: int,
+                     pad: int, dilation: int, out: Tensor) -> Tensor:
+    """``taps_gate(..., paired=True)`` over item-padded rows:
+
+    x_pad: (B * (seq_len + 2 pad), C) contiguous, each item's seq_len rows
+    after ``pad`` zero rows and before ``pad`` more, its rows past the
+    item's length zero (dilation <= pad); cond: (B * seq_len, 2CL) and out:
+    (B * seq_len, C), unpadded rows, row stride free; w_paired:
+    ``pair_gate_columns``'s (3C, 2C). Same sums in the same order as
+    ``taps_gate``. Returns ``out``."""
+    n_pad, c = x_pad.shape
+    assert x_pad.is_contiguous() and w_paired.is_contiguous() and w_paired.shape == (3 * c, 2 * c)
+    assert dilation <= pad and n_pad % (seq_len + 2 * pad) == 0 and out.shape[0] * (seq_len + 2 * pad) \
+        == n_pad * seq_len
+    assert cond.stride(1) == 1 and out.stride(1) == 1 and x_pad.dtype == w_paired.dtype
+    cfg = dict(_FIXED_CONFIG or (_PADDED_FLOAT32_CONFIG if x_pad.dtype == torch.float32 else _PADDED_CONFIG))
+    assert c % cfg["BLOCK_N"] == 0 and c % cfg["BLOCK_K"] == 0, (c, cfg)
+    x_desc = TensorDescriptor.from_tensor(x_pad, [cfg["BLOCK_M"], cfg["BLOCK_K"]])
+    w_desc = TensorDescriptor.from_tensor(w_paired, [cfg["BLOCK_K"], 2 * cfg["BLOCK_N"]])
+    grid = (triton.cdiv(n_pad, cfg["BLOCK_M"]) * (c // cfg["BLOCK_N"]),)
+    _taps_gate_padded_kernel[grid](x_desc, w_desc, cond, out, n_pad, seq_len, pad, dilation,
+                                   cond.stride(0), 2 * c * layer, out.stride(0),
+                                   C=c, DOT_PRECISION=_dot_precision(x_pad.dtype), **cfg)
+    return out
+
+
+def residual_update_padded(acts: Tensor, w_res: Tensor, b_res: Tensor, x_pad: Tensor, keep: Tensor,
+                           seq_len: int, pad: int) -> Tensor:
+    """``residual_update`` into item-padded x (``taps_gate_padded``'s
+    layout): x_pad's row of unpadded row r += acts[r] @ w_res + b_res, and
+    stored as 0 where keep[r] is 0 (keep: (B * seq_len,), 0 or 1). Returns
+    ``x_pad``."""
+    n, c = acts.shape
+    assert x_pad.is_contiguous() and keep.is_contiguous() and keep.shape == (n,)
+    assert x_pad.shape[0] * seq_len == n * (seq_len + 2 * pad) and acts.stride(1) == 1
+    _launch(_residual_update_tuned, _residual_update_kernel, n, c,
+            acts, w_res, b_res, x_pad, keep, n, acts.stride(0), seq_len, pad,
+            C=c, DOT_PRECISION=_dot_precision(x_pad.dtype), PADDED=True)
+    return x_pad
 
 
 # ---------------------------------------------------------------------------

@@ -29,7 +29,10 @@ in their prologue and epilogues (the dilated convolution reads x's shifted
 rows itself and applies the gate; the residual product adds into x), so no
 elementwise pass is left; or "matmul_paired", the same with the gate's tanh
 and sigmoid columns interleaved in the taps weights, so that product is one
-accumulator twice as wide instead of two.
+accumulator twice as wide instead of two; or "matmul_padded", that product
+over a copy of x with zero rows around each item, whose shifted tiles the
+tensor memory accelerator loads without masks (Triton with host-side tensor
+descriptors; otherwise "matmul_paired" runs).
 
 Weights are re-laid once at construction; nothing here does I/O.
 """
@@ -137,7 +140,7 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 class FastWaveGlow:
     """Inference-only WaveGlow over re-laid weights; see the module docstring."""
 
-    KERNELS_MODES = ("elementwise", "matmul", "matmul_paired")
+    KERNELS_MODES = ("elementwise", "matmul", "matmul_paired", "matmul_padded")
 
     def __init__(self, model: WaveGlow, dtype: torch.dtype, kernels_mode: str = "elementwise"):
         """``kernels_mode``: which fused form runs on CUDA with Triton (module
@@ -158,11 +161,15 @@ class FastWaveGlow:
         if kernels_mode not in self.KERNELS_MODES:
             raise ValueError(f"kernels_mode must be one of {self.KERNELS_MODES}, not {kernels_mode!r}")
         self.kernels_mode = kernels_mode
-        paired = kernels_mode == "matmul_paired"
+        paired = kernels_mode in ("matmul_paired", "matmul_padded")
         if paired != (self.flows[0].paired_taps is not None):   # a new list: copies share the old
             self.flows = [replace(w, paired_taps=[kernels.pair_gate_columns(t) for t in w.taps] if paired
                                   else None) for w in self.flows]
         device = self.flows[0].start.device
+        if kernels_mode == "matmul_padded" and device.type == "cuda" and kernels.available() \
+                and not kernels.padded_available():
+            raise RuntimeError("kernels_mode 'matmul_padded' needs a Triton with host-side tensor "
+                               "descriptors (triton.tools.tensor_descriptor); use 'matmul_paired'")
         if kernels_mode.startswith("matmul") and device.type == "cuda" and kernels.available():
             kernels.tune(self.flows[0].start.shape[1], self.dtype, device, paired=paired)
 
@@ -197,6 +204,8 @@ class FastWaveGlow:
         None: plain torch. (Tests under Triton's CPU interpreter replace it.)"""
         if not (x.is_cuda and kernels.available()):
             return None
+        if self.kernels_mode == "matmul_padded" and kernels.padded_available():
+            return self._coupling_fused_padded
         return self._coupling_fused if self.kernels_mode == "elementwise" else self._coupling_fused_matmul
 
     def _coupling_fused(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
@@ -232,6 +241,26 @@ class FastWaveGlow:
             kernels.taps_gate(x, keep, cond, i, tap_weight, t, 2 ** i, out=layer_acts, paired=paired)
             if i < layers - 1:
                 kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
+        return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
+
+    def _coupling_fused_padded(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
+        """``_coupling_fused_matmul`` (paired) over a copy of x with zero rows
+        around each item, as many as the largest dilation, and its rows past
+        each item's length zeroed: the taps+gate product's shifted loads
+        need no masks (kernels.taps_gate_padded). Activations, conditioning
+        and the output keep the unpadded rows."""
+        b, t, c = x.shape
+        layers = len(w.taps)
+        pad = 2 ** (layers - 1)
+        x_pad = x.new_zeros(b, t + 2 * pad, c)
+        x_pad[:, pad: pad + t] = x * keep
+        x_pad, cond, keep = x_pad.view(-1, c), cond.reshape(b * t, -1), keep.reshape(-1).contiguous()
+        acts = x.new_empty(b * t, layers * c)
+        for i, tap_weight in enumerate(w.paired_taps):
+            layer_acts = acts[:, c * i: c * (i + 1)]
+            kernels.taps_gate_padded(x_pad, cond, i, tap_weight, t, pad, 2 ** i, out=layer_acts)
+            if i < layers - 1:
+                kernels.residual_update_padded(layer_acts, w.res[i], w.res_bias[i], x_pad, keep, t, pad)
         return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
 
     def infer(self, mel: Tensor, frames: Tensor, seeds: Tensor, sigma: float) -> Tensor:
