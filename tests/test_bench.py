@@ -26,3 +26,12 @@ def test_gpu_busy_counts_overlapping_kernels_once_and_only_inside_the_window():
     intervals = [(0, 4), (2, 6), (9, 12), (20, 30)]
     assert covered_fraction(intervals, 0, 10) == pytest.approx(0.7)
     assert covered_fraction([], 0, 10) == 0.0
+
+
+def test_the_busiest_streams_share_leaves_out_what_only_the_others_covered():
+    from tts_cli.bench import busy_fractions
+    # stream 7 (WaveGlow) busy on [0, 6]; stream 3 (decoder) on [4, 9]
+    intervals = [(7, 0, 2), (7, 2, 6), (3, 4, 9)]
+    every, busiest = busy_fractions(intervals, 0, 10)
+    assert every == pytest.approx(0.9) and busiest == pytest.approx(0.6)
+    assert busy_fractions([], 0, 10) == (0.0, 0.0)

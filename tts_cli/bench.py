@@ -111,12 +111,15 @@ def matmul_ceiling_tflops(device: torch.device, dtype: torch.dtype) -> float:
     return 2 * 8192 ** 3 / seconds / 1e12
 
 
-def gpu_busy_fraction(run, device: torch.device, trim: float = 0.25) -> float:
+def gpu_busy(run, device: torch.device, trim: float = 0.25) -> dict:
     """Union of kernel and copy intervals over wall time while ``run()`` runs,
     in steady state: the first and last ``trim`` of the wall time (pipeline
-    filling and draining) are left out."""
+    filling and draining) are left out. Also the busiest stream's own share
+    (WaveGlow's, in a corpus run): the gap between the two is time when only
+    the other streams (the decoder, copies) kept the GPU busy, and the
+    busiest stream's idle share is time WaveGlow waited."""
     if device.type != "cuda":
-        return float("nan")
+        return {"gpu_busy_fraction": float("nan"), "gpu_busy_busiest_stream_fraction": float("nan")}
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         with torch.profiler.record_function("bench.window"):
@@ -126,9 +129,21 @@ def gpu_busy_fraction(run, device: torch.device, trim: float = 0.25) -> float:
     window = next(e for e in events if e.name == "bench.window").time_range
     span = window.end - window.start
     lo, hi = window.start + trim * span, window.end - trim * span
-    intervals = [(e.time_range.start, e.time_range.end) for e in events
-                 if e.device_type == torch.autograd.DeviceType.CUDA]
-    return covered_fraction(intervals, lo, hi)
+    intervals = [(getattr(e, "device_resource_id", None), e.time_range.start, e.time_range.end)
+                 for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    every, busiest = busy_fractions(intervals, lo, hi)
+    return {"gpu_busy_fraction": every, "gpu_busy_busiest_stream_fraction": busiest}
+
+
+def busy_fractions(intervals, lo: float, hi: float) -> tuple[float, float]:
+    """(all streams, the busiest stream alone): covered fractions of [lo, hi]
+    by (stream, start, end) intervals."""
+    by_stream: dict = {}
+    for stream, start, end in intervals:
+        by_stream.setdefault(stream, []).append((start, end))
+    every = covered_fraction([(start, end) for _, start, end in intervals], lo, hi)
+    busiest = max((covered_fraction(one, lo, hi) for one in by_stream.values()), default=0.0)
+    return every, busiest
 
 
 def covered_fraction(intervals, lo: float, hi: float) -> float:
@@ -177,7 +192,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
             return end_to_end_result(b, device, settings, summary, startup)
         peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
         window = _first_lines(b.corpus, min(4 * b.batch_size, summary.counts["ok"] or 1), Path(tmp) / "w.txt")
-        busy = gpu_busy_fraction(lambda: synthesize_corpus(
+        busy = gpu_busy(lambda: synthesize_corpus(
             replace(settings, force=True), window, Path(tmp) / "busy", on_notice=lambda m: None,
             engine=engine, frames_per_symbol=FRAMES_PER_SYMBOL), device)
         baseline = _baseline(engine, b, settings, Path(tmp))
@@ -194,7 +209,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
     speed = summary.speed
     result = {
         **_corpus_result(b, device, settings, summary),
-        "gpu_busy_fraction": busy,
+        **busy,
         "decoder_fusions": "+".join(_running_fusions(engine)) or "none",
         "waveglow_kernels": engine.fast_waveglow.kernels_mode if engine.fast_waveglow else "none",
         "decoder_ms_per_step_batch1": step_ms_1,
@@ -422,9 +437,9 @@ def _every_decoder_fusion_end_to_end(engine: Engine, settings: Settings, corpus:
         every.graphed = _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])
         with tempfile.TemporaryDirectory() as tmp:
             summary = _corpus_run(settings, corpus, Path(tmp) / "out", every)
-            busy = gpu_busy_fraction(lambda: synthesize_corpus(
+            busy = gpu_busy(lambda: synthesize_corpus(
                 replace(settings, force=True), window, Path(tmp) / "busy", on_notice=lambda m: None,
-                engine=every, frames_per_symbol=FRAMES_PER_SYMBOL), engine.device)
+                engine=every, frames_per_symbol=FRAMES_PER_SYMBOL), engine.device)["gpu_busy_fraction"]
     except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
         return {"decoder_fused_step_end_to_end_error": f"{type(e).__name__}: {e}"[:300]}
     return {"decoder_fused_step_audio_seconds_per_second": summary.speed,
@@ -528,6 +543,7 @@ TABLE = [
     ("audio seconds per wall second", "audio_seconds_per_second", "{:.1f}"),
     ("samples per second", "samples_per_second", "{:.3g}"),
     ("GPU busy (steady state: middle half of a 4-batch window)", "gpu_busy_fraction", "{:.1%}"),
+    ("  the busiest stream alone (WaveGlow's), same window", "gpu_busy_busiest_stream_fraction", "{:.1%}"),
     ("decoder fusions running", "decoder_fusions", "{}"),
     ("WaveGlow kernels running", "waveglow_kernels", "{}"),
     ("Tacotron2 ms per decoder step, batch 1", "decoder_ms_per_step_batch1", "{:.3f}"),
