@@ -243,7 +243,9 @@ if triton is not None:
             a = tl.load(a_block + k, mask=mask, other=0.0)
             acc = tl.dot(a, tl.load(w_block + k * C), acc, input_precision=DOT_PRECISION)
         acc += tl.load(b_ptr + cols).to(tl.float32)[None, :]
-        x_rows = rows64 + (2 * (rows64 // seq_len) + 1) * pad if PADDED else rows64
+        x_rows = rows64
+        if PADDED:
+            x_rows = rows64 + (2 * (rows64 // seq_len) + 1) * pad
         x = x_ptr + x_rows[:, None] * C + cols[None, :]
         acc += tl.load(x, mask=mask, other=0.0).to(tl.float32)
         if PADDED:
