@@ -453,9 +453,14 @@ def test_fused_attention_step_equals_the_attention_module_under_the_interpreter(
     assert errors["batched_vs_alone"] == 0.0 and errors["cropped_vs_alone"] == 0.0
 
 
-def test_graph_decoder_with_the_fused_attention_equals_the_eager_one_under_the_interpreter():
+@pytest.mark.parametrize("check", ["fused_attention_decoder_errors", "fused_rnn_decoder_errors",
+                                   "fused_step_decoder_errors"],
+                         ids=["fused-attention", "fused-lstm-cells", "every-fusion"])
+def test_graph_decoder_with_fused_parts_equals_the_eager_one_under_the_interpreter(check):
+    """The graph decoder's loop with the fused attention, the fused LSTM
+    cells, or every fusion: the eager decoder's stops, mel within 1e-4."""
     pytest.importorskip("triton")
-    result = interpreted("fused_attention_decoder_errors", "float32")
+    result = interpreted(check, "float32")
     assert result["same_stops"] and len(set(result["frames"])) > 1, result
     assert result["mel"] < 1e-4
 
@@ -482,13 +487,6 @@ def test_fused_lstm_cell_equals_nn_lstmcell_under_the_interpreter(dtype, tol):
     assert errors["batched_vs_alone"] == 0.0
 
 
-def test_graph_decoder_with_the_fused_lstm_cells_equals_the_eager_one_under_the_interpreter():
-    pytest.importorskip("triton")
-    result = interpreted("fused_rnn_decoder_errors", "float32")
-    assert result["same_stops"] and len(set(result["frames"])) > 1, result
-    assert result["mel"] < 1e-4
-
-
 def test_the_fused_lstm_cells_run_only_in_graphs_of_one_row_by_default():
     """Their programs read all the weights for every row, so larger batches
     keep cuBLAS's products (fused_rnn_max_batch, default 1)."""
@@ -496,13 +494,6 @@ def test_the_fused_lstm_cells_run_only_in_graphs_of_one_row_by_default():
     result = interpreted("fused_rnn_batch_limit_calls", "float32")
     assert result["batch_of_3"] == 0
     assert result["one_line"] == 2 * 8   # two cells, 8 steps (one graph's worth)
-
-
-def test_graph_decoder_with_every_fusion_equals_the_eager_one_under_the_interpreter():
-    pytest.importorskip("triton")
-    result = interpreted("fused_step_decoder_errors", "float32")
-    assert result["same_stops"] and len(set(result["frames"])) > 1, result
-    assert result["mel"] < 1e-4
 
 
 if __name__ == "__main__":

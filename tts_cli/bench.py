@@ -192,9 +192,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
             return end_to_end_result(b, device, settings, summary, startup)
         peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
         window = _first_lines(b.corpus, min(4 * b.batch_size, summary.counts["ok"] or 1), Path(tmp) / "w.txt")
-        busy = gpu_busy(lambda: synthesize_corpus(
-            replace(settings, force=True), window, Path(tmp) / "busy", on_notice=lambda m: None,
-            engine=engine, frames_per_symbol=FRAMES_PER_SYMBOL), device)
+        busy = _busy_window(settings, window, Path(tmp) / "busy", engine)
         baseline = _baseline(engine, b, settings, Path(tmp))
         every_fusion = _every_decoder_fusion_end_to_end(engine, settings, corpus, window, summary.speed)
 
@@ -302,6 +300,12 @@ def _corpus_run(settings: Settings, corpus: Path, out: Path, engine: Engine,
                              frames_per_symbol=FRAMES_PER_SYMBOL, group=group)
 
 
+def _busy_window(settings: Settings, window: Path, out: Path, engine: Engine) -> dict:
+    """``gpu_busy`` over the window's lines run again end to end (forced:
+    none reused from an earlier run into ``out``)."""
+    return gpu_busy(lambda: _corpus_run(replace(settings, force=True), window, out, engine), engine.device)
+
+
 def _corpus_result(b: BenchSettings, device: torch.device, settings: Settings,
                    summary: RunSummary) -> dict:
     """What every bench result reports about the corpus run."""
@@ -360,9 +364,7 @@ def _warm_up(engine: Engine) -> None:
 def _baseline(engine: Engine, b: BenchSettings, settings: Settings, tmp: Path) -> dict:
     """The reference's way of running: batch of one, eager, line after line."""
     corpus = _first_lines(b.corpus, b.baseline_lines, tmp / "baseline.txt")
-    summary = synthesize_corpus(replace(settings, batch_size=1), corpus, tmp / "baseline",
-                                on_notice=lambda m: None, engine=engine.eager(),
-                                frames_per_symbol=FRAMES_PER_SYMBOL)
+    summary = _corpus_run(replace(settings, batch_size=1), corpus, tmp / "baseline", engine.eager())
     return {"lines": len(summary.rows), "speed": summary.speed}
 
 
@@ -437,9 +439,7 @@ def _every_decoder_fusion_end_to_end(engine: Engine, settings: Settings, corpus:
         every.graphed = _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])
         with tempfile.TemporaryDirectory() as tmp:
             summary = _corpus_run(settings, corpus, Path(tmp) / "out", every)
-            busy = gpu_busy(lambda: synthesize_corpus(
-                replace(settings, force=True), window, Path(tmp) / "busy", on_notice=lambda m: None,
-                engine=every, frames_per_symbol=FRAMES_PER_SYMBOL), engine.device)["gpu_busy_fraction"]
+            busy = _busy_window(settings, window, Path(tmp) / "busy", every)["gpu_busy_fraction"]
     except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
         return {"decoder_fused_step_end_to_end_error": f"{type(e).__name__}: {e}"[:300]}
     return {"decoder_fused_step_audio_seconds_per_second": summary.speed,
