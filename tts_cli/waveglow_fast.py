@@ -31,8 +31,8 @@ elementwise pass is left; or "matmul_paired", the same with the gate's tanh
 and sigmoid columns interleaved in the taps weights, so that product is one
 accumulator twice as wide instead of two; or "matmul_padded", that product
 over a copy of x with zero rows around each item, whose shifted tiles the
-tensor memory accelerator loads without masks (Triton with host-side tensor
-descriptors; otherwise "matmul_paired" runs).
+tensor memory accelerator loads without masks (it needs a Triton with
+host-side tensor descriptors: asked for on CUDA without them, it is refused).
 
 Weights are re-laid once at construction; nothing here does I/O.
 """
@@ -62,7 +62,7 @@ class FlowWeights:
     skip_end: Tensor         # (L*C, 2*n_half): every layer's skip half, then the end layer
     skip_end_bias: Tensor    # (2*n_half,)
     inverse: Tensor          # (c, c) float32: audio @ inverse == W^-1 applied per step
-    paired_taps: list[Tensor] | None = None   # "matmul_paired" only: kernels.pair_gate_columns(taps)
+    paired_taps: list[Tensor] | None = None   # "matmul_paired"/"_padded": kernels.pair_gate_columns(taps)
 
 
 def _matrix(conv_weight: Tensor) -> Tensor:
@@ -204,7 +204,7 @@ class FastWaveGlow:
         None: plain torch. (Tests under Triton's CPU interpreter replace it.)"""
         if not (x.is_cuda and kernels.available()):
             return None
-        if self.kernels_mode == "matmul_padded" and kernels.padded_available():
+        if self.kernels_mode == "matmul_padded":   # refused in _set_kernels_mode where it cannot run
             return self._coupling_fused_padded
         return self._coupling_fused if self.kernels_mode == "elementwise" else self._coupling_fused_matmul
 
