@@ -14,7 +14,7 @@ from tiny_models import canonical, tiny_tacotron2, tiny_waveglow
 from tts_cli.checkpoints import file_digest
 from tts_cli.cli import main
 from tts_cli.config import Settings
-from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, choose_voice, model_fingerprint
+from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, choose_voice, make_engine, model_fingerprint
 
 NOTICE = ("using the demo voice (checkpoints/demo_*.pt; robotic, for trying the tool): "
           "for NVIDIA's voice put tacotron2_statedict.pt and waveglow_256channels_universal_v5.pt "
@@ -166,3 +166,18 @@ def test_switching_from_the_demo_voice_to_nvidias_redoes_every_line(workdir, dem
     after = mtimes(workdir / "out")
     assert all(after[name] != stamp for name, stamp in before.items())
     assert all(new != old for new, old in zip([r["key"] for r in manifest(workdir / "out")], keys))
+
+
+def test_the_demo_voice_runs_without_the_denoiser_unless_one_is_asked_for(workdir, demo_files,
+                                                                           tiny_checkpoints):
+    # An all-zero mel, the denoiser's probe, is far outside the demo WaveGlow's
+    # espeak-ng mels: subtracting its output left the demo voice near silent.
+    put(workdir, demo_files, *DEMO_FILES)
+    strength = lambda **given: make_engine(Settings(device="cpu", **given), []).settings.denoiser_strength
+    assert strength() == 0.0
+    assert strength(denoiser_strength=0.02) == 0.02
+    given = {kind: str(workdir / "checkpoints" / name) for kind, name in DEMO_FILES.items()}
+    assert strength(**given) == 0.0, "the demo files named on the command line are still the demo voice"
+    publish(workdir, tiny_checkpoints)
+    assert strength() == 0.01, "NVIDIA's voice keeps the reference's denoiser"
+    assert strength(denoiser_strength=0.0) == 0.0

@@ -31,7 +31,7 @@ class Settings:
     waveglow: str | None = None         # WaveGlow checkpoint; None: look in checkpoints/
     sample_rate: int = 22050            # written in the WAV header; the voice's training rate
     sigma: float = 0.666                # WaveGlow noise scale
-    denoiser_strength: float = 0.01     # bias-spectrum subtraction; 0 disables the denoiser
+    denoiser_strength: float | None = None  # bias-spectrum subtraction; 0 disables it; None: the voice's own (voice.py)
     max_decoder_steps: int = 1000       # a line that reaches it is kept, marked truncated
     gate_threshold: float = 0.5         # stop where sigmoid(gate) > this
     prenet_dropout: float = 0.5         # the reference keeps it on at inference; 0 = deterministic
@@ -57,7 +57,7 @@ def _problems(s: Settings):
     checks = [
         (s.sample_rate > 0, "sample_rate must be positive"),
         (s.sigma >= 0, "sigma must be >= 0"),
-        (s.denoiser_strength >= 0, "denoiser_strength must be >= 0"),
+        (s.denoiser_strength is None or s.denoiser_strength >= 0, "denoiser_strength must be >= 0"),
         (s.max_decoder_steps >= 1, "max_decoder_steps must be >= 1"),
         (0 < s.gate_threshold < 1, "gate_threshold must be between 0 and 1"),
         (0 <= s.prenet_dropout < 1, "prenet_dropout must be in [0, 1)"),

@@ -22,7 +22,7 @@ from tts_cli.corpus import Utterance
 from tts_cli.engine import Engine, resolve_device, resolve_precision
 from tts_cli.errors import FatalError
 from tts_cli.manifest import ManifestRow, read_manifest
-from tts_cli.voice import model_fingerprint
+from tts_cli.voice import choose_voice, denoiser_strength, model_fingerprint
 
 MANIFEST_NAME = "manifest.jsonl"
 # Statuses whose WAV a re-run may keep.
@@ -35,14 +35,16 @@ def audio_identity(settings: Settings, engine: Engine | None,
     if engine is not None:
         # The caller's own models (the benchmark): no files to hash.
         device, dtype, models = engine.device, engine.dtype, {"engine": "given by the caller"}
+        denoiser = engine.settings.denoiser_strength
     else:
         try:
             device = resolve_device(settings.device)
         except (ValueError, RuntimeError) as e:
             raise FatalError(str(e)) from None
         dtype, models = resolve_precision(device, settings.precision)[0], model_fingerprint(settings)
+        denoiser = denoiser_strength(settings, choose_voice(settings))
     return {"models": models, "device": device.type, "dtype": str(dtype),
-            "sigma": settings.sigma, "denoiser_strength": settings.denoiser_strength,
+            "sigma": settings.sigma, "denoiser_strength": denoiser,
             "max_decoder_steps": settings.max_decoder_steps,
             "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
             "sample_rate": settings.sample_rate, "sample_format": settings.sample_format,

@@ -4,9 +4,9 @@ Two steps, so the speech recognizer need not travel to the GPU machine:
 
 ``synth``  the exported checkpoints, read by ``tts_cli.checkpoints`` and run
            by tts_cli's own decode / WaveGlow / denoiser with the CLI's
-           defaults (gate 0.5, prenet dropout 0.5, at most 1000 frames,
-           sigma 0.666, denoiser 0.01), speak every line of ``heldout.psv``
-           into ``OUT/wavs``; ``OUT/synth.json`` records frames and whether the
+           defaults for the demo voice (gate 0.5, prenet dropout 0.5, at
+           most 1000 frames, sigma 0.666, no denoiser: see
+           ``tts_cli.voice.DENOISER_STRENGTH``), speak every line of ``heldout.psv`` into ``OUT/wavs``; ``OUT/synth.json`` records frames and whether the
            gate stopped each line. Runs on CUDA or CPU.
 ``vocode`` WaveGlow alone on espeak-ng's own mels of the same lines (copy
            synthesis), into the same layout as ``synth``: scored, it tells how
@@ -41,12 +41,13 @@ from mel import MelExtractor, read_filelist, read_wav
 from tts_cli import checkpoints
 from tts_cli import text as frontend
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
+from tts_cli.voice import DENOISER_STRENGTH
 from tts_cli.waveglow import Denoiser, WaveGlow
 
 SAMPLE_RATE = 22050
 HOP = 256
 SIGMA = 0.666
-DENOISER_STRENGTH = 0.01
+DENOISER_STRENGTH = DENOISER_STRENGTH["demo"]   # as tts-batch runs the demo voice
 DURATION_TOLERANCE = 0.25
 TARGETS = {"stop_rate": 0.98, "wer_ratio": 1.5}
 
@@ -63,7 +64,7 @@ def load_voice(tacotron2_path: Path, waveglow_path: Path, device: str) -> tuple[
 
 @torch.inference_mode()
 def speak_batch(tacotron2: Tacotron2, waveglow: WaveGlow, denoiser: Denoiser, lines: list[str],
-                seed: int, settings: DecodeSettings) -> list[tuple[torch.Tensor, int, bool]]:
+                seed: int, settings: DecodeSettings, denoiser_strength: float) -> list[tuple[torch.Tensor, int, bool]]:
     """(audio float32, frames, stopped by gate) for each line, batched."""
     device = next(tacotron2.parameters()).device
     seqs = [torch.tensor(frontend.text_to_sequence(line)) for line in lines]
@@ -75,7 +76,7 @@ def speak_batch(tacotron2: Tacotron2, waveglow: WaveGlow, denoiser: Denoiser, li
     out = []
     for row in range(len(lines)):
         n = int(frames[row])
-        clip = denoiser(audio[row, : n * HOP].float(), DENOISER_STRENGTH).cpu()
+        clip = denoiser(audio[row, : n * HOP].float(), denoiser_strength).cpu()
         out.append((clip, n, not bool(truncated[row])))
     return out
 
@@ -108,7 +109,7 @@ def synth(args) -> dict:
     for i in range(0, len(rows), args.batch_size):
         chunk = rows[i:i + args.batch_size]
         results = speak_batch(tacotron2, waveglow, denoiser, [t for _, t in chunk],
-                              args.seed + i, settings)
+                              args.seed + i, settings, args.denoiser_strength)
         for (uid, _), (clip, frames, stopped) in zip(chunk, results):
             write_clip(wavs / f"{uid}.wav", clip)
             lines[uid] = clip_record(clip, frames, stopped)
@@ -133,7 +134,7 @@ def vocode(args) -> dict:
         frames = mel.shape[2]
         seeds = torch.tensor([args.seed + i], device=args.device)
         audio = waveglow.infer(mel, torch.tensor([frames], device=args.device), seeds, SIGMA)
-        clip = denoiser(audio[0, : frames * HOP].float(), DENOISER_STRENGTH).cpu()
+        clip = denoiser(audio[0, : frames * HOP].float(), args.denoiser_strength).cpu()
         write_clip(wavs / f"{uid}.wav", clip)
         lines[uid] = clip_record(clip, frames, True)
     record = {"tacotron2": None, "waveglow": str(args.waveglow), "copy_synthesis": True,
@@ -244,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=20)
     p.add_argument("--max-decoder-steps", type=int, default=1000)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--denoiser-strength", type=float, default=DENOISER_STRENGTH,
+                   help="bias-spectrum subtraction after WaveGlow (0: none)")
     p.add_argument("--lines", type=int, default=0, help="only the first N held-out lines (quick checks)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
