@@ -35,3 +35,12 @@ def test_the_busiest_streams_share_leaves_out_what_only_the_others_covered():
     every, busiest = busy_fractions(intervals, 0, 10)
     assert every == pytest.approx(0.9) and busiest == pytest.approx(0.6)
     assert busy_fractions([], 0, 10) == (0.0, 0.0)
+
+
+def test_idle_gaps_are_the_long_stretches_between_kernels_within_the_window():
+    from tts_cli.bench import idle_gaps
+    # idle on [-, 0] (outside), [2, 2.5] (short), [6, 9], and [9.5, 10] up to the window's end
+    intervals = [(-3, 0), (0, 2), (2.5, 5), (4, 6), (9, 9.5)]
+    assert idle_gaps(intervals, 0, 10, 1.0) == [pytest.approx(3.0)]
+    assert idle_gaps(intervals, 0, 10, 0.5) == [pytest.approx(0.5), pytest.approx(3.0), pytest.approx(0.5)]
+    assert idle_gaps([], 0, 10, 1.0) == [10]

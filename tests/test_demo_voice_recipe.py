@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import soundfile
 import torch
+from torch.nn import functional as F
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo-voice"
 sys.path.insert(0, str(RECIPE))
@@ -247,6 +248,16 @@ def test_packed_checkpoint_resumes_with_the_same_weights_and_second_moments(tmp_
 def test_gate_target_turns_on_at_each_utterances_last_frame():
     targets = train_tacotron2.gate_targets(torch.tensor([3, 5]), 5)
     assert targets.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1]]
+
+
+def test_the_gates_stop_frames_weigh_more_than_its_speaking_frames():
+    logits, targets = torch.randn(3, 7), (torch.rand(3, 7) > 0.7).float()
+    plain = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    weighted = train_tacotron2.gate_bce(logits, targets)
+    w = train_tacotron2.GATE_POS_WEIGHT
+    assert w > 1
+    torch.testing.assert_close(weighted, torch.where(targets.bool(), w * plain, plain))
+    torch.testing.assert_close(train_tacotron2.gate_bce(logits, targets, 1.0), plain)
 
 
 def _train_t2(data, out, steps):

@@ -119,7 +119,8 @@ def gpu_busy(run, device: torch.device, trim: float = 0.25) -> dict:
     the other streams (the decoder, copies) kept the GPU busy, and the
     busiest stream's idle share is time WaveGlow waited."""
     if device.type != "cuda":
-        return {"gpu_busy_fraction": float("nan"), "gpu_busy_busiest_stream_fraction": float("nan")}
+        return {"gpu_busy_fraction": float("nan"), "gpu_busy_busiest_stream_fraction": float("nan"),
+                "busiest_stream_long_gaps": 0, "busiest_stream_long_gap_fraction": float("nan")}
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         with torch.profiler.record_function("bench.window"):
@@ -132,18 +133,42 @@ def gpu_busy(run, device: torch.device, trim: float = 0.25) -> dict:
     intervals = [(getattr(e, "device_resource_id", None), e.time_range.start, e.time_range.end)
                  for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     every, busiest = busy_fractions(intervals, lo, hi)
-    return {"gpu_busy_fraction": every, "gpu_busy_busiest_stream_fraction": busiest}
+    gaps = idle_gaps(busiest_stream(intervals, lo, hi), lo, hi, LONG_GAP_US)
+    return {"gpu_busy_fraction": every, "gpu_busy_busiest_stream_fraction": busiest,
+            "busiest_stream_long_gaps": len(gaps),
+            "busiest_stream_long_gap_fraction": sum(gaps) / (hi - lo)}
+
+
+LONG_GAP_US = 1000.0   # profiler times are in microseconds
+
+
+def idle_gaps(intervals, lo: float, hi: float, at_least: float) -> list[float]:
+    """Lengths of the idle stretches of [lo, hi] (outside the union of
+    (start, end) intervals) that last at least ``at_least``: a few long ones
+    mean the stream waited for work (the decoder, the host); many short ones
+    mean launches could not keep up."""
+    clipped = sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi)
+    gaps, end = [], lo
+    for s, e in clipped + [(hi, hi)]:
+        if s - end >= at_least:
+            gaps.append(s - end)
+        end = max(end, e)
+    return gaps
 
 
 def busy_fractions(intervals, lo: float, hi: float) -> tuple[float, float]:
     """(all streams, the busiest stream alone): covered fractions of [lo, hi]
     by (stream, start, end) intervals."""
+    every = covered_fraction([(start, end) for _, start, end in intervals], lo, hi)
+    return every, covered_fraction(busiest_stream(intervals, lo, hi), lo, hi)
+
+
+def busiest_stream(intervals, lo: float, hi: float) -> list:
+    """The (start, end) intervals of the stream that covers most of [lo, hi]."""
     by_stream: dict = {}
     for stream, start, end in intervals:
         by_stream.setdefault(stream, []).append((start, end))
-    every = covered_fraction([(start, end) for _, start, end in intervals], lo, hi)
-    busiest = max((covered_fraction(one, lo, hi) for one in by_stream.values()), default=0.0)
-    return every, busiest
+    return max(by_stream.values(), key=lambda one: covered_fraction(one, lo, hi), default=[])
 
 
 def covered_fraction(intervals, lo: float, hi: float) -> float:
@@ -194,7 +219,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         window = _first_lines(b.corpus, min(4 * b.batch_size, summary.counts["ok"] or 1), Path(tmp) / "w.txt")
         busy = _busy_window(settings, window, Path(tmp) / "busy", engine)
         baseline = _baseline(engine, b, settings, Path(tmp))
-        every_fusion = _every_decoder_fusion_end_to_end(engine, settings, corpus, window, summary.speed)
+        variants = _end_to_end_variants(engine, settings, corpus, window, summary.speed)
 
     step_ms_1 = _decoder_ms_per_step(engine, 1)
     step_ms_b = _decoder_ms_per_step(engine, b.batch_size)
@@ -222,7 +247,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         "speedup_over_baseline": speed / baseline["speed"] if baseline["speed"] else float("nan"),
         **other_kernels,
         **decoder_candidates,
-        **every_fusion,
+        **variants,
     }
     return result
 
@@ -425,26 +450,60 @@ def _decoder_candidate(engine: Engine, running_ms_batch1: float, batch: int, nam
             f"decoder_frames_per_second_bench_batch_{name}": batch / ms_b * 1e3}
 
 
-def _every_decoder_fusion_end_to_end(engine: Engine, settings: Settings, corpus: Path, window: Path,
-                                     running_speed: float) -> dict:
-    """The corpus end to end once more with every decoder fusion on (the
-    "fused_step" candidate, same weights, same WaveGlow), and its GPU busy
-    fraction over the same window: what making them the default would give,
-    as a ratio against the running path from this run. Empty where they
-    cannot run; a failure is reported, not raised."""
+def _with_decoder_priority(engine: Engine) -> Engine:
+    fast = copy.copy(engine)
+    fast.decoder_stream_priority = -1
+    return fast
+
+
+def _with_every_decoder_fusion(engine: Engine) -> Engine | None:
     if engine.graphed is None or not kernels.available():
-        return {}
-    try:
-        every = copy.copy(engine)
-        every.graphed = _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])
-        with tempfile.TemporaryDirectory() as tmp:
-            summary = _corpus_run(settings, corpus, Path(tmp) / "out", every)
-            busy = _busy_window(settings, window, Path(tmp) / "busy", every)["gpu_busy_fraction"]
-    except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
-        return {"decoder_fused_step_end_to_end_error": f"{type(e).__name__}: {e}"[:300]}
-    return {"decoder_fused_step_audio_seconds_per_second": summary.speed,
-            "decoder_fused_step_speedup_end_to_end": summary.speed / running_speed,
-            "decoder_fused_step_gpu_busy_fraction": busy}
+        return None
+    every = copy.copy(engine)
+    every.graphed = _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])
+    return every
+
+
+def _without_denoiser(engine: Engine) -> Engine:
+    bare = copy.copy(engine)
+    bare.denoiser = None
+    return bare
+
+
+# The corpus end to end again with one thing changed (same weights): name ->
+# (label, engine copy, or None where it cannot run). "no_denoiser" changes
+# the audio, so it is not a candidate: it says what the denoiser costs.
+END_TO_END_VARIANTS = {
+    "decoder_priority": ("decoder stream at high priority", _with_decoder_priority),
+    "fused_step": ("every decoder fusion", _with_every_decoder_fusion),
+    "no_denoiser": ("without the denoiser (diagnostic: other audio)", _without_denoiser),
+}
+
+
+def _end_to_end_variants(engine: Engine, settings: Settings, corpus: Path, window: Path,
+                         running_speed: float) -> dict:
+    """Each of END_TO_END_VARIANTS: its speed over the corpus as a ratio to
+    the running path's from this run, and its GPU busy fractions over the
+    same window. A failure is reported, not raised: an unmeasured variant
+    must not sink the bench."""
+    result = {}
+    for name, (_, make) in END_TO_END_VARIANTS.items():
+        key = f"end_to_end_{name}"
+        try:
+            variant = make(engine)
+            if variant is None:
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                summary = _corpus_run(settings, corpus, Path(tmp) / "out", variant)
+                busy = _busy_window(settings, window, Path(tmp) / "busy", variant)
+        except Exception as e:   # noqa: BLE001
+            result[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
+            continue
+        result.update({f"{key}_audio_seconds_per_second": summary.speed,
+                       f"{key}_speedup": summary.speed / running_speed,
+                       f"{key}_gpu_busy_fraction": busy["gpu_busy_fraction"],
+                       f"{key}_gpu_busy_busiest_stream_fraction": busy["gpu_busy_busiest_stream_fraction"]})
+    return result
 
 
 def _waveglow_tflops(engine: Engine) -> tuple[float, float]:
@@ -526,6 +585,19 @@ def _decoder_candidate_rows() -> list:
     return rows
 
 
+def _end_to_end_variant_rows() -> list:
+    rows = []
+    for name, (label, _) in END_TO_END_VARIANTS.items():
+        key = f"end_to_end_{name}"
+        rows += [(f"end to end, {label}: audio s per wall s", f"{key}_audio_seconds_per_second", "{:.1f}"),
+                 (f"end to end, {label}: speed-up over the running path", f"{key}_speedup", "{:.3f}x"),
+                 (f"end to end, {label}: GPU busy (same window)", f"{key}_gpu_busy_fraction", "{:.1%}"),
+                 (f"end to end, {label}: busiest stream alone", f"{key}_gpu_busy_busiest_stream_fraction",
+                  "{:.1%}"),
+                 (f"end to end, {label}: failed", f"{key}_error", "{}")]
+    return rows
+
+
 def _waveglow_mode_rows() -> list:
     """Table rows of each WaveGlow kernels mode not running (CUDA with Triton only)."""
     rows = []
@@ -544,6 +616,9 @@ TABLE = [
     ("samples per second", "samples_per_second", "{:.3g}"),
     ("GPU busy (steady state: middle half of a 4-batch window)", "gpu_busy_fraction", "{:.1%}"),
     ("  the busiest stream alone (WaveGlow's), same window", "gpu_busy_busiest_stream_fraction", "{:.1%}"),
+    ("  its idle stretches of 1 ms or more: count", "busiest_stream_long_gaps", "{}"),
+    ("  its idle stretches of 1 ms or more: share of the window", "busiest_stream_long_gap_fraction",
+     "{:.1%}"),
     ("decoder fusions running", "decoder_fusions", "{}"),
     ("WaveGlow kernels running", "waveglow_kernels", "{}"),
     ("Tacotron2 ms per decoder step, batch 1", "decoder_ms_per_step_batch1", "{:.3f}"),
@@ -552,12 +627,7 @@ TABLE = [
     ("WaveGlow TFLOP/s (reference arithmetic / time)", "waveglow_tflops", "{:.1f}"),
     ("WaveGlow TFLOP/s (arithmetic executed / time)", "waveglow_executed_tflops", "{:.1f}"),
     *_waveglow_mode_rows(),
-    ("every decoder fusion, end to end: audio s per wall s", "decoder_fused_step_audio_seconds_per_second",
-     "{:.1f}"),
-    ("every decoder fusion, end to end: speed-up over the running path",
-     "decoder_fused_step_speedup_end_to_end", "{:.3f}x"),
-    ("every decoder fusion: GPU busy (same window)", "decoder_fused_step_gpu_busy_fraction", "{:.1%}"),
-    ("every decoder fusion, end to end: failed", "decoder_fused_step_end_to_end_error", "{}"),
+    *_end_to_end_variant_rows(),
     ("matmul ceiling TFLOP/s (measured now)", "matmul_ceiling_tflops", "{:.1f}"),
     ("WaveGlow fraction of ceiling (reference arithmetic)", "waveglow_fraction_of_ceiling", "{:.1%}"),
     ("WaveGlow alone: audio s per wall s", "waveglow_alone_audio_seconds_per_second", "{:.1f}"),

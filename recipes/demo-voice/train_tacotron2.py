@@ -18,7 +18,9 @@ from its submodules, following NVIDIA/tacotron2's ``model.py`` and
 * loss: MSE(frames, mel) + MSE(frames + postnet, mel) + BCE-with-logits(gate,
   target), the target 1 from each utterance's last frame on.
 
-One addition: a guided-attention loss (Tachibana et al., 2017) that pushes
+Two additions. The gate's positive frames weigh ``GATE_POS_WEIGHT`` times as
+much as its negatives, so it learns to stop within a few short runs. And a
+guided-attention loss (Tachibana et al., 2017) that pushes
 the alignment towards the diagonal early on and fades out over
 ``--guide-steps``. It only speeds up learning to align, which matters when the
 whole training must fit a few 10-minute GPU runs; at inference nothing changes.
@@ -61,6 +63,12 @@ P_DROPOUT = 0.5            # encoder convolutions, prenet, postnet
 P_ATTENTION_DROPOUT = 0.1
 P_DECODER_DROPOUT = 0.1
 GATE_PADDING_LOGIT = 1e3   # the reference's fill for gate outputs past the end
+# Weight of the gate's one positive frame per utterance against its hundreds
+# of negatives (the reference: 1). At step 1,756, with the attention on the
+# diagonal, the unweighted gate gave 0.05 on each line's last frame and 0.002
+# elsewhere, and stopped no held-out line free-running; x10 is what Coqui TTS
+# uses for its stopnet.
+GATE_POS_WEIGHT = 10.0
 MAX_FRAMES = 1000          # longer utterances are left out (and none is this long at 175 wpm)
 
 
@@ -221,6 +229,13 @@ def gate_targets(mel_lengths: Tensor, steps: int) -> Tensor:
             >= (mel_lengths[:, None] - 1)).float()
 
 
+def gate_bce(logits: Tensor, targets: Tensor, pos_weight: float = GATE_POS_WEIGHT) -> Tensor:
+    """Binary cross-entropy with logits, positives weighted ``pos_weight``
+    (as torch's pos_weight, written out so a captured step needs no tensor
+    made for it)."""
+    return pos_weight * targets * F.softplus(-logits) + (1 - targets) * F.softplus(logits)
+
+
 def guided_attention_loss(alignments: Tensor, lengths: Tensor, mel_lengths: Tensor,
                           width: float = 0.2) -> Tensor:
     """The attention weight that falls far from the diagonal n/N = t/T, per
@@ -250,8 +265,7 @@ def losses(out: dict[str, Tensor], mels: Tensor, lengths: Tensor, mel_lengths: T
     mels = mels.float()
     mel_loss = (F.mse_loss(out["frames"].float(), mels, reduction="sum")
                 + F.mse_loss(out["post"].float(), mels, reduction="sum")) / (count * n_mel)
-    gate_loss = F.binary_cross_entropy_with_logits(
-        out["gates"].float(), gate_targets(mel_lengths, steps), reduction="sum") / count
+    gate_loss = gate_bce(out["gates"].float(), gate_targets(mel_lengths, steps)).sum() / count
     total = mel_loss + gate_loss
     parts = {"mel": mel_loss, "gate": gate_loss}
     if isinstance(guide_weight, Tensor) or guide_weight > 0:
