@@ -59,3 +59,35 @@ def test_denoiser_removes_the_models_own_bias_and_keeps_length():
     assert cleaned.pow(2).mean() < 0.5 * bias_audio.pow(2).mean()
     untouched = denoiser(bias_audio, strength=0.0)
     assert torch.equal(untouched, bias_audio)
+
+
+@torch.inference_mode()
+def test_the_batched_denoiser_gives_each_item_what_it_gets_alone():
+    # The engine denoises a whole batch at once; each line's audio must not
+    # depend on its neighbours' lengths (reflection at its own end, its own
+    # frames' window sum).
+    denoiser = Denoiser.for_model(tiny_waveglow(), torch.float32)
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([513, 4000, 256 * 30, 1100, 777])
+    audio = torch.randn(len(lengths), int(lengths.max()) + 256, generator=g)
+    batched = denoiser.batch(audio, lengths, strength=0.5)
+    for item, n in enumerate(lengths.tolist()):
+        alone = denoiser(audio[item, :n].clone(), strength=0.5)
+        torch.testing.assert_close(batched[item, :n], alone, atol=1e-5, rtol=0)
+        assert not batched[item, n:].any()
+    assert not torch.allclose(batched[1, :4000], audio[1, :4000], atol=1e-3), "the denoiser changed nothing"
+
+
+def test_the_engine_denoises_in_batches_as_it_did_item_by_item():
+    from tts_cli.engine import Engine, Job, SynthesisSettings
+    from tts_cli.tacotron2 import DecodeSettings
+    from tiny_models import tiny_tacotron2
+    settings = SynthesisSettings(denoiser_strength=0.5, decode=DecodeSettings(max_decoder_steps=12))
+    engine = Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"), torch.float32, settings)
+    jobs = [Job([12, 20, 33, 40][:n], seed=n, frames=f) for n, f in ((4, 9), (2, 2), (3, 5))]
+    batched = engine.synthesize(jobs)
+    engine.denoise_in_batches = False
+    one_by_one = engine.synthesize(jobs)
+    for a, b in zip(batched, one_by_one):
+        assert a.audio.shape == b.audio.shape
+        torch.testing.assert_close(torch.from_numpy(a.audio), torch.from_numpy(b.audio), atol=1e-5, rtol=0)

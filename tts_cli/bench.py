@@ -464,6 +464,12 @@ def _with_every_decoder_fusion(engine: Engine) -> Engine | None:
     return every
 
 
+def _with_denoiser_per_item(engine: Engine) -> Engine:
+    before = copy.copy(engine)
+    before.denoise_in_batches = False
+    return before
+
+
 def _without_denoiser(engine: Engine) -> Engine:
     bare = copy.copy(engine)
     bare.denoiser = None
@@ -476,6 +482,7 @@ def _without_denoiser(engine: Engine) -> Engine:
 END_TO_END_VARIANTS = {
     "decoder_priority": ("decoder stream at high priority", _with_decoder_priority),
     "fused_step": ("every decoder fusion", _with_every_decoder_fusion),
+    "denoiser_per_item": ("denoiser item by item (before)", _with_denoiser_per_item),
     "no_denoiser": ("without the denoiser (diagnostic: other audio)", _without_denoiser),
 }
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from tts_cli import randomness
 
@@ -170,6 +171,8 @@ class Denoiser(nn.Module):
 
     The STFT (1024/256/1024, Hann, reflect-padded, centred) runs per item on
     that item's own samples, so padding never leaks into the reflection.
+    ``forward`` takes one item; ``batch`` gives each item of a padded batch
+    the same result with one STFT and one inverse for all of them.
     """
     n_fft, hop, win = 1024, 256, 1024
 
@@ -199,10 +202,44 @@ class Denoiser(nn.Module):
         if strength <= 0 or audio.shape[0] < self.n_fft // 2 + 1:
             return audio  # reflect padding needs more samples than half a window
         spec = self._stft(audio, self.window)
-        magnitude = (spec.abs() - self.bias_magnitude * strength).clamp(min=0.0)
-        spec = torch.polar(magnitude, spec.angle())
-        return torch.istft(spec, self.n_fft, self.hop, self.win, self.window,
+        return torch.istft(self._subtract(spec, strength), self.n_fft, self.hop, self.win, self.window,
                            center=True, length=audio.shape[0])
+
+    def _subtract(self, spec: Tensor, strength: float) -> Tensor:
+        magnitude = (spec.abs() - self.bias_magnitude * strength).clamp(min=0.0)
+        return torch.polar(magnitude, spec.angle())
+
+    def batch(self, audio: Tensor, lengths: Tensor, strength: float) -> Tensor:
+        """audio (B, N) float32, item b's samples ``audio[b, :lengths[b]]``
+        (each at least ``n_fft // 2 + 1``). Returns (B, N): each item as
+        ``forward`` gives it, zeros past its length.
+
+        What ``forward`` does per item, for all at once: each item is
+        reflect-padded at its own ends (a gather), framed and transformed in
+        one STFT; frames past an item's own last frame are dropped; the
+        inverse overlap-adds each item's frames and divides by the sum of
+        squared windows over that item's frames alone, as ``istft`` does for
+        one item."""
+        b, n = audio.shape
+        half = self.n_fft // 2
+        lengths = lengths.to(audio.device)
+        # reflect padding: padded position p reads sample |p - half| mirrored at the item's end
+        p = torch.arange(n + 2 * half, device=audio.device)[None, :] - half
+        last = (lengths - 1)[:, None]
+        source = p.abs()
+        source = torch.where(source > last, 2 * last - source, source).clamp(min=0, max=n - 1)
+        padded = torch.gather(audio, 1, source)
+        spec = torch.stft(padded, self.n_fft, self.hop, self.win, self.window, center=False,
+                          return_complex=True)                               # (B, 513, T)
+        frames = spec.shape[2]
+        own = torch.arange(frames, device=audio.device)[None, :] <= (lengths // self.hop)[:, None]
+        pieces = torch.fft.irfft(self._subtract(spec, strength), n=self.n_fft, dim=1)
+        pieces = pieces * self.window[None, :, None] * own[:, None, :]
+        fold = dict(output_size=(1, n + 2 * half), kernel_size=(1, self.n_fft), stride=(1, self.hop))
+        summed = F.fold(pieces, **fold)[:, 0, 0]
+        envelope = F.fold((self.window ** 2)[None, :, None] * own[:, None, :].to(audio.dtype), **fold)[:, 0, 0]
+        out = (summed / envelope.clamp(min=1e-11))[:, half: half + n]
+        return out * (torch.arange(n, device=audio.device)[None, :] < lengths[:, None])
 
 
 # The shapes of NVIDIA's published waveglow_256channels_universal_v5.pt.
