@@ -246,3 +246,17 @@ def test_the_fused_lstm_cell_kernel_equals_nn_lstmcell_on_the_gpu():
                 alone = kernels.lstm_cell(a[i: i + 1], b[i: i + 1], h[i: i + 1], c[i: i + 1], weight, bias,
                                           torch.empty_like(h[:1]), torch.empty_like(c[:1]))
                 assert torch.equal(alone[0][0], out[0][i]) and torch.equal(alone[1][0], out[1][i])
+
+
+@torch.inference_mode()
+def test_the_batched_denoiser_equals_the_item_by_item_one_on_the_gpu():
+    from tts_cli.waveglow import Denoiser
+    g = torch.Generator().manual_seed(5)
+    denoiser = Denoiser(torch.rand(513, 1, generator=g).cuda())
+    lengths = torch.tensor([513, 22050 * 3, 256 * 200 + 17, 4096])
+    audio = torch.randn(len(lengths), int(lengths.max()), generator=g).cuda()
+    batched = denoiser.batch(audio, lengths.cuda(), 0.3)
+    worst = max((batched[i, :n] - denoiser(audio[i, :n].clone(), 0.3)).abs().max().item()
+                for i, n in enumerate(lengths.tolist()))
+    print(f"batched denoiser vs item by item on CUDA: max abs err {worst:.2e}")
+    assert worst < 1e-4
