@@ -122,7 +122,8 @@ WAVEGLOW_KERNELS = "matmul_paired"
 # CUDA priority of the decoder's stream against WaveGlow's (0; lower numbers
 # run first). The decoder is a chain of small dependent kernels; behind
 # WaveGlow's large ones each may wait for a whole wave of blocks to retire.
-# The bench measures -1 (the highest torch offers) beside this.
+# The bench measures -1 (the highest torch offers) beside this: 0.992x and
+# 0.994x end to end on an H200 (BENCHMARKS.md, runs E and F), so it stays 0.
 DECODER_STREAM_PRIORITY = 0
 # The denoiser's spectra for at most this many bytes of a batch at once.
 DENOISER_SLICE_BYTES = 2 ** 30
