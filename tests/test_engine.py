@@ -42,3 +42,31 @@ def test_a_lines_audio_and_mel_do_not_depend_on_its_batch():
         np.testing.assert_allclose(result.mel, alone.mel, atol=1e-5)
         scale = np.abs(alone.audio).max()
         np.testing.assert_allclose(result.audio, alone.audio, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("failing", [None, 1])
+def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(failing):
+    # overlap_batches hands each batch on only after the next one is queued;
+    # every batch must still come out once, in order, with its own audio, and
+    # a failed batch's error must stay with that batch.
+    engine = make_engine()
+    g = torch.Generator().manual_seed(4)
+    batches = [[Job(torch.randint(12, 64, (n,), generator=g).tolist(), seed=n + 10 * b, frames=f)
+                for n, f in ((5, 7), (9, 4))] for b in range(4)]
+    if failing is not None:
+        batches[failing] = [Job([], seed=1)]   # no symbols: the decoder fails on it
+    runs = {}
+    for overlap in (False, True):
+        engine.overlap_batches = overlap
+        runs[overlap] = list(engine.synthesize_all(batches))
+    for (jobs_a, out_a), (jobs_b, out_b) in zip(runs[False], runs[True], strict=True):
+        assert jobs_a == jobs_b
+        if isinstance(out_a, Exception):
+            assert type(out_b) is type(out_a)
+            continue
+        for a, b in zip(out_a, out_b, strict=True):
+            np.testing.assert_array_equal(a.audio, b.audio)
+            np.testing.assert_array_equal(a.mel, b.mel)
+    assert [jobs for jobs, _ in runs[True]] == batches
+    failed = [i for i, (_, out) in enumerate(runs[True]) if isinstance(out, Exception)]
+    assert failed == ([] if failing is None else [failing])

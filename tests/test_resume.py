@@ -129,11 +129,13 @@ def fail_when(monkeypatch, method, too_big):
     monkeypatch.setattr(Engine, method, patched)
 
 
-@pytest.mark.parametrize("method", ["decode_only", "_vocode_and_finish"])
+@pytest.mark.parametrize("method, overlap", [("decode_only", False), ("_vocode_and_finish", False),
+                                             ("_vocode_launch", True)])
 def test_out_of_memory_splits_the_batch_and_the_audio_is_unchanged(tmp_path, tiny_checkpoints,
-                                                                    monkeypatch, method):
+                                                                    monkeypatch, method, overlap):
     corpus = write(tmp_path, LINES)
     assert synth(corpus, tmp_path / "reference", tiny_checkpoints, "--batch-size", "4").exit_code == 0
+    monkeypatch.setattr("tts_cli.engine.OVERLAP_BATCHES", overlap)
     fail_when(monkeypatch, method, lambda jobs: len(jobs) > 1)
     result = synth(corpus, tmp_path / "out", tiny_checkpoints, "--batch-size", "4")
     assert result.exit_code == 0, result.output

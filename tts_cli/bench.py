@@ -464,6 +464,12 @@ def _with_every_decoder_fusion(engine: Engine) -> Engine | None:
     return every
 
 
+def _with_overlap(engine: Engine) -> Engine:
+    early = copy.copy(engine)
+    early.overlap_batches = True
+    return early
+
+
 def _with_denoiser_per_item(engine: Engine) -> Engine:
     before = copy.copy(engine)
     before.denoise_in_batches = False
@@ -480,6 +486,7 @@ def _without_denoiser(engine: Engine) -> Engine:
 # (label, engine copy, or None where it cannot run). "no_denoiser" changes
 # the audio, so it is not a candidate: it says what the denoiser costs.
 END_TO_END_VARIANTS = {
+    "overlap": ("next batch queued before the last is handed on", _with_overlap),
     "decoder_priority": ("decoder stream at high priority", _with_decoder_priority),
     "fused_step": ("every decoder fusion", _with_every_decoder_fusion),
     "denoiser_per_item": ("denoiser item by item (before)", _with_denoiser_per_item),

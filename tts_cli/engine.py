@@ -125,6 +125,12 @@ WAVEGLOW_KERNELS = "matmul_paired"
 # The bench measures -1 (the highest torch offers) beside this: 0.992x and
 # 0.994x end to end on an H200 (BENCHMARKS.md, runs E and F), so it stays 0.
 DECODER_STREAM_PRIORITY = 0
+# Queue each batch's WaveGlow work before waiting for the previous batch's
+# copies to the host (pinned buffers, asynchronous copies). A candidate built
+# after the last GPU run: off until the bench has measured it ("next batch
+# queued before the last is handed on"), the item it targets being WaveGlow's
+# stream idle 6.2 % of the time in stretches of 1 ms or more (run F).
+OVERLAP_BATCHES = False
 # The denoiser's spectra for at most this many bytes of a batch at once.
 DENOISER_SLICE_BYTES = 2 ** 30
 
@@ -163,6 +169,7 @@ class Engine:
                          if settings.denoiser_strength > 0 else None)
         self.decoder_stream_priority = DECODER_STREAM_PRIORITY
         self.denoise_in_batches = True
+        self.overlap_batches = OVERLAP_BATCHES
 
     @property
     def hop_length(self) -> int:
@@ -211,15 +218,33 @@ class Engine:
     @torch.inference_mode()
     def _vocode_and_finish(self, jobs: list[Job], mel: torch.Tensor, frames: torch.Tensor,
                            truncated: torch.Tensor) -> list[Result]:
-        counts, cut = frames.tolist(), truncated.tolist()
+        return self._finish(self._vocode_launch(jobs, mel, frames, truncated))
+
+    @torch.inference_mode()
+    def _vocode_launch(self, jobs: list[Job], mel: torch.Tensor, frames: torch.Tensor,
+                       truncated: torch.Tensor, counts: list[int] | None = None,
+                       cut: list[bool] | None = None) -> "_Launched":
+        """WaveGlow, the denoiser and the copies to the host for one batch,
+        queued on the current stream; ``_finish`` waits for them. ``counts``
+        and ``cut``: ``frames`` and ``truncated`` already on the host (read
+        here they would wait for everything queued on this stream before)."""
+        if counts is None:
+            counts, cut = frames.tolist(), truncated.tolist()
         seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
         audio = self.vocode(mel, frames, seeds)                      # (B, F*hop) float32
         if self.denoiser is not None:
             audio = self._denoise(audio, frames * self.hop_length, counts)
         # One copy of the whole batch each: per-item copies would stall the stream.
-        audio, mel = audio.cpu().numpy(), mel.float().cpu().numpy()
+        overlap = self.overlap_batches and self.device.type == "cuda"
+        audio, mel = _to_host(audio, overlap), _to_host(mel.float(), overlap)
+        return _Launched(jobs, audio, mel, counts, cut, _record_event(self.device) if overlap else None)
+
+    def _finish(self, launched: "_Launched") -> list[Result]:
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        audio, mel = launched.audio.numpy(), launched.mel.numpy()
         return [Result(audio=audio[i, : n * self.hop_length], mel=mel[i, :, :n], frames=n,
-                       truncated=cut[i]) for i, n in enumerate(counts)]
+                       truncated=launched.cut[i]) for i, n in enumerate(launched.counts)]
 
     def _denoise(self, audio: torch.Tensor, samples: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """The denoiser over a batch's audio, each item on its own samples:
@@ -301,22 +326,54 @@ class Engine:
         except RuntimeError as e:
             out.put((jobs, e))
             return
-        out.put((jobs, decoded, _record_event(self.device)))
+        # frames and verdicts read on this stream, not behind WaveGlow's queue
+        host = (decoded[1].tolist(), decoded[2].tolist())
+        out.put((jobs, decoded, _record_event(self.device), host))
 
     @torch.inference_mode()
     def _vocode_stage(self, decoded: queue.Queue, out: queue.Queue) -> None:
+        """Vocode each decoded batch, results in batch order. With
+        ``overlap_batches`` the next batch's GPU work is queued before the
+        previous batch is waited for and handed on, so the stream does not
+        idle while this thread turns a finished batch into host arrays."""
+        pending = None
         with self._stream():
             while (item := decoded.get()) is not _DONE:
                 if isinstance(item, _Crash):
+                    self._hand_on(pending, out)
                     out.put(item)
                     return
-                jobs, tensors, *event = item
+                jobs, tensors, *rest = item
                 if isinstance(tensors, Exception):
+                    pending = self._hand_on(pending, out)
                     out.put((jobs, tensors))
                     continue
-                _wait_for(event[0], tensors, self.device)
-                self._vocode_split(jobs, tensors, out)
+                event, host = rest
+                _wait_for(event, tensors, self.device)
+                if not self.overlap_batches:
+                    self._vocode_split(jobs, tensors, out)
+                    continue
+                try:
+                    launched = self._vocode_launch(jobs, *tensors, *host)
+                except RuntimeError:
+                    # out of memory among them: the halving path, in order
+                    pending = self._hand_on(pending, out)
+                    self._vocode_split(jobs, tensors, out)
+                    continue
+                self._hand_on(pending, out)
+                pending = launched
+            self._hand_on(pending, out)
         out.put(_DONE)
+
+    def _hand_on(self, launched: "_Launched | None", out: queue.Queue) -> None:
+        """Wait for a launched batch and put its results out; None: nothing."""
+        if launched is None:
+            return None
+        try:
+            out.put((launched.jobs, self._finish(launched)))
+        except RuntimeError as e:
+            out.put((launched.jobs, e))
+        return None
 
     def _vocode_split(self, jobs: list[Job], tensors, out: queue.Queue) -> None:
         """Vocode one decoded batch; out of memory, vocode each half on its own
@@ -335,6 +392,28 @@ class Engine:
                 self._vocode_split(jobs[part], (mel[part, :, :longest], frames[part], truncated[part]), out)
         except RuntimeError as e:
             out.put((jobs, e))
+
+
+@dataclass
+class _Launched:
+    """One batch whose GPU work and copies are queued: its results once
+    ``ready`` (None: the copies were synchronous) has passed."""
+    jobs: list[Job]
+    audio: torch.Tensor     # host (B, F*hop) float32
+    mel: torch.Tensor       # host (B, n_mel, F) float32
+    counts: list[int]
+    cut: list[bool]
+    ready: object | None
+
+
+def _to_host(tensor: torch.Tensor, asynchronous: bool) -> torch.Tensor:
+    """A host copy; ``asynchronous``: into pinned memory, queued on the current
+    stream (valid once an event recorded after it has passed)."""
+    if not asynchronous:
+        return tensor.cpu()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
 
 
 def _halves(jobs: list[Job]) -> list[list[Job]]:
