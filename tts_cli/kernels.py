@@ -316,8 +316,9 @@ if triton is not None:
     )(_residual_update_kernel)
 
 # (kernel, GPU compute capability, C) -> the launch config the autotuner chose
-# there, every time: on H200s (9, 0) with C = 256, in four bench runs on four
-# machines (2026-11-29, BENCHMARKS.md runs C-F). On a first run its Triton
+# there, every time: on H200s (9, 0) with C = 256, in every bench run on
+# separate machines that logged it (2026-11-29, BENCHMARKS.md: the paired
+# kernel in runs C-F, the residual one in runs D-F). On a first run its Triton
 # cache is empty and compiling all the candidates took 11.1-11.3 s for the
 # paired taps+gate kernel and 2.2-2.5 s for the residual one, of a 19.3 s
 # start-up. Elsewhere the autotuner still chooses.
