@@ -345,35 +345,33 @@ class Engine:
                     return
                 jobs, tensors, *rest = item
                 if isinstance(tensors, Exception):
-                    pending = self._hand_on(pending, out)
+                    self._hand_on(pending, out)
+                    pending = None
                     out.put((jobs, tensors))
                     continue
                 event, host = rest
                 _wait_for(event, tensors, self.device)
-                if not self.overlap_batches:
-                    self._vocode_split(jobs, tensors, out)
-                    continue
-                try:
-                    launched = self._vocode_launch(jobs, *tensors, *host)
-                except RuntimeError:
-                    # out of memory among them: the halving path, in order
-                    pending = self._hand_on(pending, out)
-                    self._vocode_split(jobs, tensors, out)
-                    continue
+                launched = None
+                if self.overlap_batches:
+                    try:
+                        launched = self._vocode_launch(jobs, *tensors, *host)
+                    except RuntimeError:
+                        pass   # out of memory among them: the halving path below, in order
                 self._hand_on(pending, out)
                 pending = launched
+                if launched is None:
+                    self._vocode_split(jobs, tensors, out)
             self._hand_on(pending, out)
         out.put(_DONE)
 
     def _hand_on(self, launched: "_Launched | None", out: queue.Queue) -> None:
-        """Wait for a launched batch and put its results out; None: nothing."""
+        """Wait for a launched batch and put its results out (None: nothing)."""
         if launched is None:
-            return None
+            return
         try:
             out.put((launched.jobs, self._finish(launched)))
         except RuntimeError as e:
             out.put((launched.jobs, e))
-        return None
 
     def _vocode_split(self, jobs: list[Job], tensors, out: queue.Queue) -> None:
         """Vocode one decoded batch; out of memory, vocode each half on its own
