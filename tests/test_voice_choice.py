@@ -179,5 +179,7 @@ def test_the_demo_voice_runs_without_the_denoiser_unless_one_is_asked_for(workdi
     given = {kind: str(workdir / "checkpoints" / name) for kind, name in DEMO_FILES.items()}
     assert strength(**given) == 0.0, "the demo files named on the command line are still the demo voice"
     publish(workdir, tiny_checkpoints)
+    assert strength(waveglow=given["waveglow"]) == 0.0, "the demo WaveGlow behind NVIDIA's Tacotron2"
+    assert strength(tacotron2=given["tacotron2"]) == 0.01, "NVIDIA's WaveGlow behind the demo Tacotron2"
     assert strength() == 0.01, "NVIDIA's voice keeps the reference's denoiser"
     assert strength(denoiser_strength=0.0) == 0.0

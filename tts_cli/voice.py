@@ -46,12 +46,13 @@ DEMO_FILES = {
     "tacotron2": "demo_tacotron2.pt",
     "waveglow": "demo_waveglow.pt",
 }
-# The denoiser strength a run gets when none is set. The reference subtracts
-# 0.01 x the spectrum of WaveGlow's output for an all-zero log-mel. For the
-# demo WaveGlow an all-zero log-mel lies far above every espeak-ng mel it was
-# trained on: its output there is ~2,000 times full scale, and subtracting even
-# 0.01 of it leaves near silence. Its own output for real mels at sigma 0 is
-# about -74 dB below full scale, so it runs without the denoiser.
+# The denoiser strength a run gets when none is set, by its WaveGlow. The
+# reference subtracts 0.01 x the spectrum of WaveGlow's output for an all-zero
+# log-mel. For the demo WaveGlow an all-zero log-mel lies far above every
+# espeak-ng mel it was trained on: its output there is ~2,000 times full
+# scale, and subtracting even 0.01 of it leaves near silence. Its own output
+# for real mels at sigma 0 is about -74 dB below full scale, so it runs
+# without the denoiser.
 DENOISER_STRENGTH = {"published": 0.01, "demo": 0.0}
 
 
@@ -60,8 +61,8 @@ class Voice:
     """The two checkpoint files a run uses."""
     tacotron2: Path
     waveglow: Path
-    demo: bool = False            # the demo voice's files
-    notice: str | None = None     # the one line that says it stands in for NVIDIA's
+    demo: bool = False            # the demo voice stands in for NVIDIA's
+    notice: str | None = None     # the one line that says so
 
     def path(self, kind: str) -> Path:
         return getattr(self, kind)
@@ -71,20 +72,15 @@ def choose_voice(settings: Settings) -> Voice:
     """The files this run uses; the order is in the module docstring."""
     given = {kind: getattr(settings, kind) for kind in PUBLISHED_FILES}
     published = {kind: _look_for(name) for kind, name in PUBLISHED_FILES.items()}
-    demo = {kind: _look_for(name) for kind, name in DEMO_FILES.items()}
     if any(path is not None for path in given.values()):
-        files = {kind: Path(given[kind]) if given[kind] is not None
-                 else published[kind] or _missing(kind) for kind in PUBLISHED_FILES}
-        return Voice(**files, demo=all(_same_file(files[kind], demo[kind]) for kind in files))
+        return Voice(**{kind: Path(given[kind]) if given[kind] is not None
+                        else published[kind] or _missing(kind) for kind in PUBLISHED_FILES})
     if all(published.values()):
         return Voice(**published)
+    demo = {kind: _look_for(name) for kind, name in DEMO_FILES.items()}
     if all(demo.values()):
         return Voice(**demo, demo=True, notice=_demo_notice(demo, published))
     return _missing(next(kind for kind, path in published.items() if path is None))
-
-
-def _same_file(path: Path, other: Path | None) -> bool:
-    return other is not None and path.is_file() and path.resolve() == other.resolve()
 
 
 def checkpoint_dirs() -> list[Path]:
@@ -172,10 +168,15 @@ def synthesis_settings(s: Settings, voice: Voice | None = None) -> SynthesisSett
 
 
 def denoiser_strength(settings: Settings, voice: Voice | None) -> float:
-    """The run's setting, or when it is unset the voice's own."""
+    """The run's setting, or when it is unset that of the voice's WaveGlow:
+    the demo one's wherever it was picked (fallback or named), else the
+    reference's."""
     if settings.denoiser_strength is not None:
         return settings.denoiser_strength
-    return DENOISER_STRENGTH["demo" if voice is not None and voice.demo else "published"]
+    demo = _look_for(DEMO_FILES["waveglow"])
+    is_demo = (voice is not None and demo is not None and voice.waveglow.is_file()
+               and voice.waveglow.resolve() == demo.resolve())
+    return DENOISER_STRENGTH["demo" if is_demo else "published"]
 
 
 def model_fingerprint(settings: Settings) -> dict[str, str]:
