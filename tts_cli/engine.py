@@ -315,6 +315,8 @@ class Engine:
         """Decode ``jobs``; out of memory, decode each half on its own."""
         try:
             decoded = self.decode_only(jobs)
+            # frames and verdicts read on this stream, not behind WaveGlow's queue
+            host = (decoded[1].tolist(), decoded[2].tolist())
         except torch.cuda.OutOfMemoryError as e:
             if len(jobs) == 1:
                 out.put((jobs, e))
@@ -326,8 +328,6 @@ class Engine:
         except RuntimeError as e:
             out.put((jobs, e))
             return
-        # frames and verdicts read on this stream, not behind WaveGlow's queue
-        host = (decoded[1].tolist(), decoded[2].tolist())
         out.put((jobs, decoded, _record_event(self.device), host))
 
     @torch.inference_mode()
