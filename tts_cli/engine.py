@@ -257,11 +257,8 @@ class Engine:
                 audio[i, : n * self.hop_length] = self.denoiser(audio[i, : n * self.hop_length], strength)
             return audio
         step = max(1, DENOISER_SLICE_BYTES // (64 * audio.shape[1]))
-        shortest = self.denoiser.n_fft // 2 + 1   # reflect padding needs more samples than half a window
         for i in range(0, audio.shape[0], step):
-            part, lengths = audio[i: i + step], samples[i: i + step]
-            clean = self.denoiser.batch(part, lengths.clamp(min=shortest), strength)
-            audio[i: i + step] = torch.where((lengths < shortest)[:, None], part, clean)
+            audio[i: i + step] = self.denoiser.batch(audio[i: i + step], samples[i: i + step], strength)
         return audio
 
     def synthesize_all(self, batches: Iterable[list[Job]], depth: int = 2,

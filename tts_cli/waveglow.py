@@ -210,9 +210,9 @@ class Denoiser(nn.Module):
         return torch.polar(magnitude, spec.angle())
 
     def batch(self, audio: Tensor, lengths: Tensor, strength: float) -> Tensor:
-        """audio (B, N) float32, item b's samples ``audio[b, :lengths[b]]``
-        (each at least ``n_fft // 2 + 1``). Returns (B, N): each item as
-        ``forward`` gives it, zeros past its length.
+        """audio (B, N) float32, item b's samples ``audio[b, :lengths[b]]``.
+        Returns (B, N): each item as ``forward`` gives it (an item too short
+        for the reflect padding unchanged), zeros past its length.
 
         What ``forward`` does per item, for all at once: each item is
         reflect-padded at its own ends (a gather), framed and transformed in
@@ -222,7 +222,9 @@ class Denoiser(nn.Module):
         one item."""
         b, n = audio.shape
         half = self.n_fft // 2
-        lengths = lengths.to(audio.device)
+        given = lengths.to(audio.device)
+        too_short = given <= half        # forward leaves these as they are
+        lengths = given.clamp(min=half + 1)
         # reflect padding: padded position p reads sample |p - half| mirrored at the item's end
         p = torch.arange(n + 2 * half, device=audio.device)[None, :] - half
         last = (lengths - 1)[:, None]
@@ -239,7 +241,8 @@ class Denoiser(nn.Module):
         summed = F.fold(pieces, **fold)[:, 0, 0]
         envelope = F.fold((self.window ** 2)[None, :, None] * own[:, None, :].to(audio.dtype), **fold)[:, 0, 0]
         out = (summed / envelope.clamp(min=1e-11))[:, half: half + n]
-        return out * (torch.arange(n, device=audio.device)[None, :] < lengths[:, None])
+        out = torch.where(too_short[:, None], audio, out)
+        return out * (torch.arange(n, device=audio.device)[None, :] < given[:, None])
 
 
 # The shapes of NVIDIA's published waveglow_256channels_universal_v5.pt.
