@@ -450,47 +450,22 @@ def _decoder_candidate(engine: Engine, running_ms_batch1: float, batch: int, nam
             f"decoder_frames_per_second_bench_batch_{name}": batch / ms_b * 1e3}
 
 
-def _with_decoder_priority(engine: Engine) -> Engine:
-    fast = copy.copy(engine)
-    fast.decoder_stream_priority = -1
-    return fast
-
-
-def _with_every_decoder_fusion(engine: Engine) -> Engine | None:
+def _every_decoder_fusion(engine: Engine) -> dict | None:
     if engine.graphed is None or not kernels.available():
         return None
-    every = copy.copy(engine)
-    every.graphed = _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])
-    return every
-
-
-def _with_overlap(engine: Engine) -> Engine:
-    early = copy.copy(engine)
-    early.overlap_batches = True
-    return early
-
-
-def _with_denoiser_per_item(engine: Engine) -> Engine:
-    before = copy.copy(engine)
-    before.denoise_in_batches = False
-    return before
-
-
-def _without_denoiser(engine: Engine) -> Engine:
-    bare = copy.copy(engine)
-    bare.denoiser = None
-    return bare
+    return {"graphed": _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])}
 
 
 # The corpus end to end again with one thing changed (same weights): name ->
-# (label, engine copy, or None where it cannot run). "no_denoiser" changes
-# the audio, so it is not a candidate: it says what the denoiser costs.
+# (label, the engine attributes it sets, or None where it cannot run).
+# "no_denoiser" changes the audio, so it is not a candidate: it says what the
+# denoiser costs.
 END_TO_END_VARIANTS = {
-    "overlap": ("next batch queued before the last is handed on", _with_overlap),
-    "decoder_priority": ("decoder stream at high priority", _with_decoder_priority),
-    "fused_step": ("every decoder fusion", _with_every_decoder_fusion),
-    "denoiser_per_item": ("denoiser item by item (before)", _with_denoiser_per_item),
-    "no_denoiser": ("without the denoiser (diagnostic: other audio)", _without_denoiser),
+    "overlap": ("next batch queued before the last is handed on", lambda e: {"overlap_batches": True}),
+    "decoder_priority": ("decoder stream at high priority", lambda e: {"decoder_stream_priority": -1}),
+    "fused_step": ("every decoder fusion", _every_decoder_fusion),
+    "denoiser_per_item": ("denoiser item by item (before)", lambda e: {"denoise_in_batches": False}),
+    "no_denoiser": ("without the denoiser (diagnostic: other audio)", lambda e: {"denoiser": None}),
 }
 
 
@@ -504,9 +479,11 @@ def _end_to_end_variants(engine: Engine, settings: Settings, corpus: Path, windo
     for name, (_, make) in END_TO_END_VARIANTS.items():
         key = f"end_to_end_{name}"
         try:
-            variant = make(engine)
-            if variant is None:
+            changes = make(engine)
+            if changes is None:
                 continue
+            variant = copy.copy(engine)
+            vars(variant).update(changes)
             with tempfile.TemporaryDirectory() as tmp:
                 summary = _corpus_run(settings, corpus, Path(tmp) / "out", variant)
                 busy = _busy_window(settings, window, Path(tmp) / "busy", variant)
