@@ -10,6 +10,7 @@ import torch
 from tts_cli.bench import random_models
 from tts_cli.engine import Engine, Job, SynthesisSettings
 from tts_cli.tacotron2 import DecodeSettings
+from tts_cli.waveglow_fast import FastWaveGlow
 from tts_cli import text as frontend
 
 pytestmark = pytest.mark.requires_cuda
@@ -102,13 +103,14 @@ def test_fused_kernels_equal_the_plain_torch_coupling(monkeypatch):
     assert err < 1e-4
 
 
-@pytest.mark.parametrize("mode", ["elementwise", "matmul", "matmul_paired", "matmul_padded"])
+@pytest.mark.parametrize("mode", FastWaveGlow.KERNELS_MODES)
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2), (torch.bfloat16, 5e-2)])
 def test_every_waveglow_kernels_mode_equals_the_plain_eager_path(mode, dtype, tol):
     """Each FastWaveGlow kernels_mode (whichever the engine runs by default):
     the fused elementwise passes, the matmul-fused products, those with
-    the gate's columns paired, and those over item-padded rows loaded by
-    the tensor memory accelerator, against the plain eager path."""
+    the gate's columns paired, those over item-padded rows loaded by the
+    tensor memory accelerator, and the paired product from persistent
+    programs, against the plain eager path."""
     from tts_cli import kernels
     assert kernels.available()
     fast = engine(dtype)

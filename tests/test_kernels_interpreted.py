@@ -42,7 +42,7 @@ def kernel_errors(dtype_name: str) -> dict:
     from tts_cli import kernels
     from tts_cli.waveglow_fast import shifted_taps
     dtype = getattr(torch, dtype_name)
-    errors = {"taps_gate": 0.0, "residual_update": 0.0, "paired_vs_unpaired": 0.0}
+    errors = {"taps_gate": 0.0, "residual_update": 0.0, "paired_vs_unpaired": 0.0, "persistent_vs_paired": 0.0}
     for config in CONFIGS:
         kernels._FIXED_CONFIG = config
         torch.manual_seed(0)
@@ -64,6 +64,10 @@ def kernel_errors(dtype_name: str) -> dict:
             kernels.taps_gate(x.view(-1, c), keep.view(-1), cond, i, kernels.pair_gate_columns(w_taps), t, d,
                               out=paired, paired=True)
             errors["paired_vs_unpaired"] = max(errors["paired_vs_unpaired"], worst(paired, acts[:, cols].float()))
+            persistent = torch.full((b * t, c), float("nan"), dtype=dtype)   # 3 programs, several tiles each
+            kernels.taps_gate(x.view(-1, c), keep.view(-1), cond, i, kernels.pair_gate_columns(w_taps), t, d,
+                              out=persistent, paired=True, persistent=True)
+            errors["persistent_vs_paired"] = max(errors["persistent_vs_paired"], worst(persistent, paired.float()))
             w_res, b_res = (torch.randn(c, c) / c ** 0.5).to(dtype), torch.randn(c).to(dtype)
             updated = x.view(-1, c).float() + acts[:, cols].float() @ w_res.float() + b_res.float()
             kernels.residual_update(acts[:, cols], w_res, b_res, x.view(-1, c))
@@ -106,12 +110,15 @@ def coupling_errors(dtype_name: str) -> dict:
         matmul._fused_coupling = lambda x: matmul._coupling_fused_matmul   # CPU, interpreted
         paired = matmul.with_kernels("matmul_paired")
         paired._fused_coupling = lambda x: paired._coupling_fused_matmul
+        persistent = matmul.with_kernels("matmul_persistent")
+        persistent._fused_coupling = lambda x: persistent._coupling_fused_matmul
         padded = matmul.with_kernels("matmul_padded")
         padded._fused_coupling = lambda x: padded._coupling_fused_padded
         got_plain = plain.infer(mel, frames, seeds, 0.666)
         got_matmul = matmul.infer(mel, frames, seeds, 0.666)
         got_paired = paired.infer(mel, frames, seeds, 0.666)
         got_padded = padded.infer(mel, frames, seeds, 0.666)
+        got_persistent = persistent.infer(mel, frames, seeds, 0.666)
         windows = plain.frame_windows(mel)
         keep = (torch.arange(7 * 32)[None, :] < frames[:, None] * 32)[..., None].to(dtype)
         coupling = 0.0
@@ -127,6 +134,7 @@ def coupling_errors(dtype_name: str) -> dict:
     return {"coupling_matmul_vs_plain": coupling, "matmul_vs_plain": rel(got_matmul, got_plain),
             "paired_vs_matmul": (got_paired - got_matmul).abs().max().item(),
             "padded_vs_matmul": (got_padded - got_matmul).abs().max().item(),
+            "persistent_vs_matmul": (got_persistent - got_matmul).abs().max().item(),
             "coupling_padded_vs_plain": coupling_padded, "matmul_vs_fp32_model": rel(got_matmul, reference),
             "plain_vs_fp32_model": rel(got_plain, reference)}
 
@@ -425,8 +433,9 @@ def test_matmul_kernels_equal_torch_under_the_interpreter(dtype, tol):
     errors = interpreted("kernel_errors", dtype)
     # float16: one rounding of values up to ~8 (half an ulp: 4e-3)
     assert errors["taps_gate"] < tol and errors["residual_update"] < tol
-    # the paired layout changes where columns sit, not the sums: bitwise equal
-    assert errors["paired_vs_unpaired"] == 0.0
+    # the paired layout changes where columns sit, not the sums: bitwise equal;
+    # so does taking the tiles in a loop
+    assert errors["paired_vs_unpaired"] == 0.0 and errors["persistent_vs_paired"] == 0.0
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-2)])
@@ -435,6 +444,7 @@ def test_matmul_coupling_equals_the_plain_coupling_under_the_interpreter(dtype, 
     errors = interpreted("coupling_errors", dtype)
     assert errors["coupling_matmul_vs_plain"] < tol and errors["matmul_vs_plain"] < tol
     assert errors["paired_vs_matmul"] == 0.0   # "matmul_paired": the same sums, bitwise
+    assert errors["persistent_vs_matmul"] == 0.0   # "matmul_persistent": the same tiles in a loop
     # "matmul_padded": the same sums again; x's rows past each length are
     # zeros instead of unread values, which changes nothing any row reads
     assert errors["padded_vs_matmul"] == 0.0 and errors["coupling_padded_vs_plain"] < tol

@@ -161,11 +161,14 @@ def test_a_small_waveglow_memory_budget_slices_batches_without_changing_audio_or
     assert again.exit_code == 0 and "5 reused" in again.output, again.output
 
 
-def test_only_a_line_that_fails_alone_is_an_error(tmp_path, tiny_checkpoints, monkeypatch):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_only_a_line_that_fails_alone_is_an_error(tmp_path, tiny_checkpoints, monkeypatch, overlap):
     corpus = write(tmp_path, LINES)
     from tts_cli.text import normalize
     doomed = normalize(LINES[2])[0]
-    fail_when(monkeypatch, "_vocode_and_finish", lambda jobs: any(j.ids == doomed for j in jobs))
+    monkeypatch.setattr("tts_cli.engine.OVERLAP_BATCHES", overlap)
+    for method in ("_vocode_launch", "_vocode_and_finish"):   # the overlapped path, then the halving one
+        fail_when(monkeypatch, method, lambda jobs: any(j.ids == doomed for j in jobs))
     result = synth(corpus, tmp_path / "out", tiny_checkpoints, "--batch-size", "4")
     assert result.exit_code == 1
     rows = manifest(tmp_path / "out")

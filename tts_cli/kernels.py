@@ -18,7 +18,8 @@ And two matrix products with that work fused into them (``FastWaveGlow`` with
   buffer is never written: each K block of the product reads x's rows shifted
   by -d, 0 or +d) with the gate in its epilogue (``paired``: the tanh and
   sigmoid columns interleaved, so each tile is one product twice as wide,
-  ``kernels_mode="matmul_paired"``);
+  ``kernels_mode="matmul_paired"``; ``persistent``: the same from one
+  program per SM, ``kernels_mode="matmul_persistent"``);
 * ``residual_update``: x += acts @ W_res + b_res, the add in the epilogue.
 
 And one for Tacotron2's decoder (``GraphedDecoder(..., fused_attention=True)``):
@@ -196,17 +197,16 @@ if triton is not None:
         _gate_store(acc_tanh, acc_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
                     cond_offset, out_stride, C)
 
-    @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
-    def _taps_gate_paired_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
-                                 cond_stride, cond_offset, out_stride,
-                                 C: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # As _taps_gate_kernel, over weights whose tanh and sigmoid columns
-        # are paired (column 2j: tanh j, 2j+1: sigmoid j): one product of
-        # width 2 BN and one accumulator per tile, split in the epilogue.
-        pid = tl.program_id(0)
-        pid_m = pid // (C // BLOCK_N)
-        pid_n = pid % (C // BLOCK_N)
+    @triton.jit
+    def _taps_gate_paired_tile(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, tile, n_rows, seq_len, dilation,
+                               cond_stride, cond_offset, out_stride,
+                               C: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """One tile of _taps_gate_kernel's product over weights whose tanh
+        and sigmoid columns are paired (column 2j: tanh j, 2j+1: sigmoid j):
+        one product of width 2 BN and one accumulator, split in the epilogue."""
+        pid_m = tile // (C // BLOCK_N)
+        pid_n = tile % (C // BLOCK_N)
         rows64, in_rows, ok_prev, ok_mid, ok_next = _tap_rows(keep_ptr, pid_m, n_rows, seq_len, dilation,
                                                               BLOCK_M)
         ks = tl.arange(0, BLOCK_K)
@@ -220,6 +220,32 @@ if triton is not None:
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         _gate_store(z_tanh, z_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
                     cond_offset, out_stride, C)
+
+    @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
+    def _taps_gate_paired_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
+                                 cond_stride, cond_offset, out_stride,
+                                 C: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # One program per tile.
+        _taps_gate_paired_tile(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, tl.program_id(0), n_rows, seq_len,
+                               dilation, cond_stride, cond_offset, out_stride, C, DOT_PRECISION,
+                               BLOCK_M, BLOCK_N, BLOCK_K)
+
+    @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
+    def _taps_gate_persistent_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
+                                     cond_stride, cond_offset, out_stride,
+                                     C: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+                                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                     FLATTEN: tl.constexpr = False):
+        # One program per SM, each taking every NUM_PROGRAMS-th tile. With
+        # FLATTEN the compiler pipelines the tile loop and the K loop as one,
+        # so the next tile's first loads are in flight during this tile's
+        # epilogue (a program per tile waits for them after it).
+        n_tiles = tl.cdiv(n_rows, BLOCK_M) * (C // BLOCK_N)
+        for tile in tl.range(tl.program_id(0), n_tiles, NUM_PROGRAMS, flatten=FLATTEN):
+            _taps_gate_paired_tile(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, tile, n_rows, seq_len,
+                                   dilation, cond_stride, cond_offset, out_stride, C, DOT_PRECISION,
+                                   BLOCK_M, BLOCK_N, BLOCK_K)
 
     @triton.jit(do_not_specialize=["n_rows"])
     def _residual_update_kernel(a_ptr, w_ptr, b_ptr, x_ptr, keep_ptr, n_rows, a_stride, seq_len, pad,
@@ -253,8 +279,8 @@ if triton is not None:
             acc = tl.where(kept[:, None], acc, 0.0)
         tl.store(x, acc.to(x_ptr.dtype.element_ty), mask=mask)
 
-    def _config(block_m, block_n, block_k, warps, stages):
-        return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k},
+    def _config(block_m, block_n, block_k, warps, stages, **more):
+        return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, **more},
                              num_warps=warps, num_stages=stages)
 
     # Few configs: every one is compiled and timed once per (C, dtypes) at
@@ -309,6 +335,15 @@ if triton is not None:
         _TAPS_GATE_PAIRED_CONFIGS, key=["C"],
         prune_configs_by={"early_config_prune": _fitting_or_measured("taps_gate_paired")}
     )(_taps_gate_paired_kernel)
+    # Persistent: the paired kernel's two best tiles, the loop flattened or
+    # not (a candidate: the bench measures it as kernels_mode
+    # "matmul_persistent" beside the running mode).
+    _TAPS_GATE_PERSISTENT_CONFIGS = [_config(128, 128, 32, 8, 4, FLATTEN=False),
+                                     _config(128, 128, 32, 8, 4, FLATTEN=True),
+                                     _config(128, 128, 64, 8, 3, FLATTEN=True)]
+    _taps_gate_persistent_tuned = triton.autotune(
+        _TAPS_GATE_PERSISTENT_CONFIGS, key=["C"], prune_configs_by={"early_config_prune": _fitting}
+    )(_taps_gate_persistent_kernel)
     # Timing a config runs it many times: x is restored after each.
     _residual_update_tuned = triton.autotune(
         _RESIDUAL_CONFIGS, key=["C"], restore_value=["x_ptr"],
@@ -328,6 +363,22 @@ MEASURED_BEST = {
     ("residual_update", (9, 0), 256): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
                                        "num_warps": 8, "num_stages": 3},
 }
+
+
+def autotune_timings() -> dict:
+    """{kernel: {config: median ms}} of every config each autotuned kernel
+    last timed in this process (none where one config was all it had)."""
+    if triton is None:
+        return {}
+    tuned = {"taps_gate": _taps_gate_tuned, "taps_gate_paired": _taps_gate_paired_tuned,
+             "taps_gate_persistent": _taps_gate_persistent_tuned, "residual_update": _residual_update_tuned}
+    report = {}
+    for name, kernel in tuned.items():
+        timings = getattr(kernel, "configs_timings", None) or {}
+        if timings:
+            report[name] = {str(config): (t[0] if isinstance(t, (list, tuple)) else t)
+                            for config, t in timings.items()}
+    return report
 
 
 def _capability(tensor) -> tuple[int, int] | None:
@@ -351,16 +402,26 @@ def _same_config(config, wanted: dict) -> bool:
 _FIXED_CONFIG: dict | None = None
 
 
-def _launch(tuned, raw, n_rows: int, c: int, *args, **constexprs) -> None:
+def _launch(tuned, raw, n_rows: int, c: int, *args, programs: int | None = None, **constexprs) -> None:
     """The autotuned kernel ``tuned``, or ``raw`` with _FIXED_CONFIG, over a
-    1-D grid: row blocks x column blocks of C, the column blocks innermost."""
+    1-D grid: row blocks x column blocks of C, the column blocks innermost;
+    with ``programs`` (a persistent kernel), that many programs, passed as
+    NUM_PROGRAMS, which take the tiles in turn."""
+    def grid(meta):
+        return (programs,) if programs else (triton.cdiv(n_rows, meta["BLOCK_M"]) * (c // meta["BLOCK_N"]),)
+    if programs:
+        constexprs["NUM_PROGRAMS"] = programs
     if _FIXED_CONFIG is None:
-        grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]) * (c // meta["BLOCK_N"]),)
         tuned[grid](*args, **constexprs)
         return
     cfg = dict(_FIXED_CONFIG)
     assert c % cfg["BLOCK_N"] == 0 and c % cfg["BLOCK_K"] == 0, (c, cfg)
-    raw[(triton.cdiv(n_rows, cfg["BLOCK_M"]) * (c // cfg["BLOCK_N"]),)](*args, **constexprs, **cfg)
+    raw[grid(cfg)](*args, **constexprs, **cfg)
+
+
+def _persistent_programs(x: Tensor) -> int:
+    """One program per SM of x's GPU (3 elsewhere: tests under the interpreter)."""
+    return torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 3
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -377,7 +438,8 @@ def pair_gate_columns(w_taps: Tensor) -> Tensor:
 
 
 def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
-              seq_len: int, dilation: int, out: Tensor, paired: bool = False) -> Tensor:
+              seq_len: int, dilation: int, out: Tensor, paired: bool = False,
+              persistent: bool = False) -> Tensor:
     """One WN layer's gated activations straight from x, without a taps buffer:
 
         z = [x'(t-d) | x'(t) | x'(t+d)] @ w_taps,   x' = keep * x, zero outside [0, T)
@@ -391,17 +453,22 @@ def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
     the sigmoid columns) and the gate in its epilogue; with ``paired``,
     w_taps is ``pair_gate_columns``'s layout and each tile is one product
     twice as wide, one accumulator split in the epilogue (same sums in the
-    same order). C must be a multiple of 16. Returns ``out``."""
+    same order); ``persistent`` (paired only): the same tiles and sums from
+    one program per SM, each looping over tiles. C must be a multiple of 16.
+    Returns ``out``."""
     n, c = x.shape
     assert x.is_contiguous() and w_taps.is_contiguous() and keep.is_contiguous()
     assert w_taps.shape == (3 * c, 2 * c) and keep.shape == (n,) and c % 16 == 0
     assert cond.stride(1) == 1 and out.stride(1) == 1 and out.shape == (n, c)
     assert x.dtype == w_taps.dtype
-    tuned, raw = ((_taps_gate_paired_tuned, _taps_gate_paired_kernel) if paired
+    assert paired or not persistent
+    tuned, raw = ((_taps_gate_persistent_tuned, _taps_gate_persistent_kernel) if persistent
+                  else (_taps_gate_paired_tuned, _taps_gate_paired_kernel) if paired
                   else (_taps_gate_tuned, _taps_gate_kernel))
     _launch(tuned, raw, n, c,
             x, keep, cond, w_taps, out, n, seq_len, dilation,
             cond.stride(0), 2 * c * layer, out.stride(0),
+            programs=_persistent_programs(x) if persistent else None,
             C=c, DOT_PRECISION=_dot_precision(x.dtype))
     return out
 
@@ -424,8 +491,8 @@ def residual_update(acts: Tensor, w_res: Tensor, b_res: Tensor, x: Tensor) -> Te
 
 
 def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18,
-         paired: bool = False) -> None:
-    """Autotune ``taps_gate`` (its ``paired`` form with ``paired``) and
+         paired: bool = False, persistent: bool = False) -> None:
+    """Autotune ``taps_gate`` (its ``paired`` or ``persistent`` form) and
     ``residual_update`` for width ``c`` and ``dtype`` on scratch tensors of ``rows`` rows (autotuning keys on C and
     the dtypes only, so this choice holds for every later call: tuning on
     the first real call instead could pick a tile for a tiny warm-up batch)."""
@@ -437,7 +504,7 @@ def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18,
     w_taps = (torch.randn(3 * c, 2 * c, device=device) / (3 * c) ** 0.5).to(dtype)
     out = torch.empty(rows, c, device=device, dtype=dtype)
     taps_gate(x, keep, cond, 0, pair_gate_columns(w_taps) if paired else w_taps, seq_len=1024, dilation=1,
-              out=out, paired=paired)
+              out=out, paired=paired, persistent=persistent)
     w_res = (torch.randn(c, c, device=device) / c ** 0.5).to(dtype)
     residual_update(out, w_res, torch.zeros(c, device=device, dtype=dtype), x)
 

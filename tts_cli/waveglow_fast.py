@@ -22,7 +22,7 @@ the matmul rate on the shapes inside WaveGlow (DESIGN.md):
   the flow's output: per layer only the residual half (C -> C) is computed.
 
 On CUDA with Triton, the elementwise work between the products runs fused
-(kernels.py), in one of two forms (``kernels_mode``): "elementwise", cuBLAS
+(kernels.py), in one of these forms (``kernels_mode``): "elementwise", cuBLAS
 products with two fused passes per layer between them (gate; residual add and
 the next layer's taps buffer), or "matmul", our own products with that work
 in their prologue and epilogues (the dilated convolution reads x's shifted
@@ -32,7 +32,10 @@ and sigmoid columns interleaved in the taps weights, so that product is one
 accumulator twice as wide instead of two; or "matmul_padded", that product
 over a copy of x with zero rows around each item, whose shifted tiles the
 tensor memory accelerator loads without masks (it needs a Triton with
-host-side tensor descriptors: asked for on CUDA without them, it is refused).
+host-side tensor descriptors: asked for on CUDA without them, it is refused);
+or "matmul_persistent", "matmul_paired"'s product from one program per SM
+looping over the tiles, its tile loop and K loop pipelined as one where the
+autotuner finds that faster.
 
 Weights are re-laid once at construction; nothing here does I/O.
 """
@@ -140,7 +143,7 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 class FastWaveGlow:
     """Inference-only WaveGlow over re-laid weights; see the module docstring."""
 
-    KERNELS_MODES = ("elementwise", "matmul", "matmul_paired", "matmul_padded")
+    KERNELS_MODES = ("elementwise", "matmul", "matmul_paired", "matmul_padded", "matmul_persistent")
 
     def __init__(self, model: WaveGlow, dtype: torch.dtype, kernels_mode: str = "elementwise"):
         """``kernels_mode``: which fused form runs on CUDA with Triton (module
@@ -161,7 +164,7 @@ class FastWaveGlow:
         if kernels_mode not in self.KERNELS_MODES:
             raise ValueError(f"kernels_mode must be one of {self.KERNELS_MODES}, not {kernels_mode!r}")
         self.kernels_mode = kernels_mode
-        paired = kernels_mode in ("matmul_paired", "matmul_padded")
+        paired = kernels_mode in ("matmul_paired", "matmul_padded", "matmul_persistent")
         if paired != (self.flows[0].paired_taps is not None):   # a new list: copies share the old
             self.flows = [replace(w, paired_taps=[kernels.pair_gate_columns(t) for t in w.taps] if paired
                                   else None) for w in self.flows]
@@ -171,7 +174,8 @@ class FastWaveGlow:
             raise RuntimeError("kernels_mode 'matmul_padded' needs a Triton with host-side tensor "
                                "descriptors (triton.tools.tensor_descriptor); use 'matmul_paired'")
         if kernels_mode.startswith("matmul") and device.type == "cuda" and kernels.available():
-            kernels.tune(self.flows[0].start.shape[1], self.dtype, device, paired=paired)
+            kernels.tune(self.flows[0].start.shape[1], self.dtype, device, paired=paired,
+                         persistent=kernels_mode == "matmul_persistent")
 
     def frame_windows(self, mel: Tensor) -> Tensor:
         """(B, n_mel, F) -> (B*F, J*n_mel): frames q-J+1..q for each q, zeros before 0."""
@@ -236,9 +240,11 @@ class FastWaveGlow:
         x, cond, keep = x.reshape(-1, c), cond.reshape(b * t, -1), keep.reshape(-1)
         acts = x.new_empty(b * t, layers * c)
         paired = w.paired_taps is not None
+        persistent = self.kernels_mode == "matmul_persistent"
         for i, tap_weight in enumerate(w.paired_taps if paired else w.taps):
             layer_acts = acts[:, c * i: c * (i + 1)]
-            kernels.taps_gate(x, keep, cond, i, tap_weight, t, 2 ** i, out=layer_acts, paired=paired)
+            kernels.taps_gate(x, keep, cond, i, tap_weight, t, 2 ** i, out=layer_acts, paired=paired,
+                              persistent=persistent)
             if i < layers - 1:
                 kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
         return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
