@@ -18,8 +18,8 @@ And two matrix products with that work fused into them (``FastWaveGlow`` with
   buffer is never written: each K block of the product reads x's rows shifted
   by -d, 0 or +d) with the gate in its epilogue (``paired``: the tanh and
   sigmoid columns interleaved, so each tile is one product twice as wide,
-  ``kernels_mode="matmul_paired"``; ``persistent``: the same from one
-  program per SM, ``kernels_mode="matmul_persistent"``);
+  ``kernels_mode="matmul_paired"``; ``persistent``: the same from one or two
+  programs per SM, ``kernels_mode="matmul_persistent"``);
 * ``residual_update``: x += acts @ W_res + b_res, the add in the epilogue.
 
 And one for Tacotron2's decoder (``GraphedDecoder(..., fused_attention=True)``):
@@ -234,15 +234,15 @@ if triton is not None:
     @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
     def _taps_gate_persistent_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
                                      cond_stride, cond_offset, out_stride,
-                                     C: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+                                     C: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_SMS: tl.constexpr,
                                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                     FLATTEN: tl.constexpr = False):
-        # One program per SM, each taking every NUM_PROGRAMS-th tile. With
+                                     FLATTEN: tl.constexpr = False, PER_SM: tl.constexpr = 1):
+        # PER_SM programs per SM, each taking every (NUM_SMS PER_SM)-th tile. With
         # FLATTEN the compiler pipelines the tile loop and the K loop as one,
         # so the next tile's first loads are in flight during this tile's
         # epilogue (a program per tile waits for them after it).
         n_tiles = tl.cdiv(n_rows, BLOCK_M) * (C // BLOCK_N)
-        for tile in tl.range(tl.program_id(0), n_tiles, NUM_PROGRAMS, flatten=FLATTEN):
+        for tile in tl.range(tl.program_id(0), n_tiles, NUM_SMS * PER_SM, flatten=FLATTEN):
             _taps_gate_paired_tile(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, tile, n_rows, seq_len,
                                    dilation, cond_stride, cond_offset, out_stride, C, DOT_PRECISION,
                                    BLOCK_M, BLOCK_N, BLOCK_K)
@@ -336,11 +336,13 @@ if triton is not None:
         prune_configs_by={"early_config_prune": _fitting_or_measured("taps_gate_paired")}
     )(_taps_gate_paired_kernel)
     # Persistent: the paired kernel's two best tiles, the loop flattened or
-    # not (a candidate: the bench measures it as kernels_mode
-    # "matmul_persistent" beside the running mode).
+    # not, and a half-size tile two programs to an SM (one's epilogue beside
+    # the other's products). A candidate: the bench measures it as
+    # kernels_mode "matmul_persistent" beside the running mode.
     _TAPS_GATE_PERSISTENT_CONFIGS = [_config(128, 128, 32, 8, 4, FLATTEN=False),
                                      _config(128, 128, 32, 8, 4, FLATTEN=True),
-                                     _config(128, 128, 64, 8, 3, FLATTEN=True)]
+                                     _config(128, 128, 64, 8, 3, FLATTEN=True),
+                                     _config(128, 64, 64, 4, 3, FLATTEN=True, PER_SM=2)]
     _taps_gate_persistent_tuned = triton.autotune(
         _TAPS_GATE_PERSISTENT_CONFIGS, key=["C"], prune_configs_by={"early_config_prune": _fitting}
     )(_taps_gate_persistent_kernel)
@@ -402,15 +404,17 @@ def _same_config(config, wanted: dict) -> bool:
 _FIXED_CONFIG: dict | None = None
 
 
-def _launch(tuned, raw, n_rows: int, c: int, *args, programs: int | None = None, **constexprs) -> None:
+def _launch(tuned, raw, n_rows: int, c: int, *args, sms: int | None = None, **constexprs) -> None:
     """The autotuned kernel ``tuned``, or ``raw`` with _FIXED_CONFIG, over a
     1-D grid: row blocks x column blocks of C, the column blocks innermost;
-    with ``programs`` (a persistent kernel), that many programs, passed as
-    NUM_PROGRAMS, which take the tiles in turn."""
+    with ``sms`` (a persistent kernel, passed as NUM_SMS), PER_SM programs
+    per SM, which take the tiles in turn."""
     def grid(meta):
-        return (programs,) if programs else (triton.cdiv(n_rows, meta["BLOCK_M"]) * (c // meta["BLOCK_N"]),)
-    if programs:
-        constexprs["NUM_PROGRAMS"] = programs
+        if sms:
+            return (sms * meta.get("PER_SM", 1),)
+        return (triton.cdiv(n_rows, meta["BLOCK_M"]) * (c // meta["BLOCK_N"]),)
+    if sms:
+        constexprs["NUM_SMS"] = sms
     if _FIXED_CONFIG is None:
         tuned[grid](*args, **constexprs)
         return
@@ -419,8 +423,8 @@ def _launch(tuned, raw, n_rows: int, c: int, *args, programs: int | None = None,
     raw[grid(cfg)](*args, **constexprs, **cfg)
 
 
-def _persistent_programs(x: Tensor) -> int:
-    """One program per SM of x's GPU (3 elsewhere: tests under the interpreter)."""
+def _multiprocessors(x: Tensor) -> int:
+    """The SMs of x's GPU (3 elsewhere: tests under the interpreter)."""
     return torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 3
 
 
@@ -454,7 +458,7 @@ def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
     w_taps is ``pair_gate_columns``'s layout and each tile is one product
     twice as wide, one accumulator split in the epilogue (same sums in the
     same order); ``persistent`` (paired only): the same tiles and sums from
-    one program per SM, each looping over tiles. C must be a multiple of 16.
+    one or two programs per SM, each looping over tiles. C must be a multiple of 16.
     Returns ``out``."""
     n, c = x.shape
     assert x.is_contiguous() and w_taps.is_contiguous() and keep.is_contiguous()
@@ -468,7 +472,7 @@ def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
     _launch(tuned, raw, n, c,
             x, keep, cond, w_taps, out, n, seq_len, dilation,
             cond.stride(0), 2 * c * layer, out.stride(0),
-            programs=_persistent_programs(x) if persistent else None,
+            sms=_multiprocessors(x) if persistent else None,
             C=c, DOT_PRECISION=_dot_precision(x.dtype))
     return out
 

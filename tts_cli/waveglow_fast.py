@@ -33,7 +33,7 @@ accumulator twice as wide instead of two; or "matmul_padded", that product
 over a copy of x with zero rows around each item, whose shifted tiles the
 tensor memory accelerator loads without masks (it needs a Triton with
 host-side tensor descriptors: asked for on CUDA without them, it is refused);
-or "matmul_persistent", "matmul_paired"'s product from one program per SM
+or "matmul_persistent", "matmul_paired"'s product from one or two programs per SM
 looping over the tiles, its tile loop and K loop pipelined as one where the
 autotuner finds that faster.
 
