@@ -127,9 +127,9 @@ WAVEGLOW_KERNELS = "matmul_paired"
 DECODER_STREAM_PRIORITY = 0
 # Queue each batch's WaveGlow work before waiting for the previous batch's
 # copies to the host (pinned buffers, asynchronous copies), so WaveGlow's
-# stream does not idle while this thread hands a batch on. H200, run G
-# (BENCHMARKS.md): 1.046x end to end over handing each batch on first, GPU
-# busy 96.2 -> 97.5 %; the bench keeps measuring the old way beside it.
+# stream does not idle while this thread hands a batch on. H200, runs G and
+# H (BENCHMARKS.md): 1.046x and 1.036x end to end over handing each batch on
+# first, GPU busy 96.2 -> 97.5 %; the bench keeps measuring the old way.
 OVERLAP_BATCHES = True
 # The denoiser's spectra for at most this many bytes of a batch at once.
 DENOISER_SLICE_BYTES = 2 ** 30

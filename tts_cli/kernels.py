@@ -358,7 +358,8 @@ if triton is not None:
 # kernel in runs C-F, the residual one in runs D-F). On a first run its Triton
 # cache is empty and compiling all the candidates took 11.1-11.3 s for the
 # paired taps+gate kernel and 2.2-2.5 s for the residual one, of a 19.3 s
-# start-up. Elsewhere the autotuner still chooses.
+# start-up; with these alone, 14.0 and 12.2 s (runs G, H). Elsewhere the
+# autotuner still chooses.
 MEASURED_BEST = {
     ("taps_gate_paired", (9, 0), 256): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32,
                                         "num_warps": 8, "num_stages": 4},
