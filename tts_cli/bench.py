@@ -457,14 +457,6 @@ def _every_decoder_fusion(engine: Engine) -> dict | None:
     return {"graphed": _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])}
 
 
-def _persistent_waveglow(engine: Engine) -> dict | None:
-    fast = engine.fast_waveglow
-    if fast is None or engine.device.type != "cuda" or not kernels.available() \
-            or fast.kernels_mode == "matmul_persistent":
-        return None
-    return {"fast_waveglow": fast.with_kernels("matmul_persistent")}
-
-
 # The corpus end to end again with one thing changed (same weights): name ->
 # (label, the engine attributes it sets, or None where it cannot run).
 # "no_denoiser" changes the audio, so it is not a candidate: it says what the
@@ -472,9 +464,7 @@ def _persistent_waveglow(engine: Engine) -> dict | None:
 END_TO_END_VARIANTS = {
     "no_overlap": ("each batch handed on before the next is queued (before)",
                    lambda e: {"overlap_batches": False}),
-    "decoder_priority": ("decoder stream at high priority", lambda e: {"decoder_stream_priority": -1}),
     "fused_step": ("every decoder fusion", _every_decoder_fusion),
-    "persistent": ("WaveGlow's taps+gate product from persistent programs", _persistent_waveglow),
     "denoiser_per_item": ("denoiser item by item (before)", lambda e: {"denoise_in_batches": False}),
     "no_denoiser": ("without the denoiser (diagnostic: other audio)", lambda e: {"denoiser": None}),
 }

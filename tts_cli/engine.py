@@ -119,12 +119,9 @@ class Result:
 # beside these.
 DECODER_FUSIONS = {"fused_attention": True, "fused_prenet": True}
 WAVEGLOW_KERNELS = "matmul_paired"
-# CUDA priority of the decoder's stream against WaveGlow's (0; lower numbers
-# run first). The decoder is a chain of small dependent kernels; behind
-# WaveGlow's large ones each may wait for a whole wave of blocks to retire.
-# The bench measures -1 (the highest torch offers) beside this: 0.992x and
-# 0.994x end to end on an H200 (BENCHMARKS.md, runs E and F), so it stays 0.
-DECODER_STREAM_PRIORITY = 0
+# Both streams run at the default CUDA priority: the decoder's stream at the
+# highest (-1) measured 0.992x, 0.994x and 1.003x end to end on H200s
+# (BENCHMARKS.md, runs E-G).
 # Queue each batch's WaveGlow work before waiting for the previous batch's
 # copies to the host (pinned buffers, asynchronous copies), so WaveGlow's
 # stream does not idle while this thread hands a batch on. H200, runs G and
@@ -167,7 +164,6 @@ class Engine:
                                                       self.waveglow.dims, dtype)
         self.denoiser = (Denoiser.for_model(self.waveglow, dtype)
                          if settings.denoiser_strength > 0 else None)
-        self.decoder_stream_priority = DECODER_STREAM_PRIORITY
         self.denoise_in_batches = True
         self.overlap_batches = OVERLAP_BATCHES
 
@@ -287,10 +283,10 @@ class Engine:
                 raise item.error
             yield item
 
-    def _stream(self, priority: int = 0):
+    def _stream(self):
         if self.device.type != "cuda":
             return contextlib.nullcontext()
-        return torch.cuda.stream(torch.cuda.Stream(self.device, priority=priority))
+        return torch.cuda.stream(torch.cuda.Stream(self.device))
 
     def _release_memory(self) -> None:
         """Hand cached blocks back before retrying smaller: the failed batch's
@@ -301,7 +297,7 @@ class Engine:
     @torch.inference_mode()
     def _decode_stage(self, work: tuple[list[list[Job]], threading.Event], out: queue.Queue) -> None:
         batches, stop = work
-        with self._stream(self.decoder_stream_priority):
+        with self._stream():
             for jobs in batches:
                 if stop.is_set():
                     break
