@@ -99,6 +99,23 @@ def test_held_out_lines_depend_only_on_ids():
     assert len({u for u, _ in held} & {u for u, _ in held_reversed}) >= 99
 
 
+def test_a_larger_corpus_holds_out_the_same_lines_as_the_sample():
+    # Models trained on the 2,000-line sample go on training on the 12,500
+    # lines: none of the 100 lines they are measured on may enter training.
+    sample = make_data.read_transcripts(make_data.SAMPLE_TRANSCRIPTS)
+    full = make_data.read_transcripts(make_data.DEFAULT_TRANSCRIPTS)
+    ids = {u for u, _ in sample}
+    assert len(sample) == 2000 and len(full) == 12500 and ids <= {u for u, _ in full}
+    _, held_sample = make_data.split_held_out(sample, among=ids)
+    train_full, held_full = make_data.split_held_out(full, among=ids)
+    assert held_full == held_sample and len(train_full) == 12400
+    assert not {u for u, _ in held_sample} & {u for u, _ in train_full}
+    # a corpus sharing too few ids with the sample holds out its own
+    other = [(f"X{i}", "line") for i in range(150)] + sample[:5]
+    _, held_other = make_data.split_held_out(other, among=ids)
+    assert len(held_other) == 100 and not {u for u, _ in held_other} <= ids
+
+
 def test_espeak_reads_the_cleaned_line():
     assert make_data.spoken_text("Mr. Smith paid $5.") == "mister smith paid five dollars."
 

@@ -1,8 +1,9 @@
 """The demo voice's training speech: espeak-ng reading LJSpeech transcripts.
 
 Reads an ``id|text`` file (LJSpeech's ``metadata.csv`` layout; the default is
-the 2,000 transcripts shipped in ``tts_cli/data``), holds out a fixed 100
-lines for evaluation, and has espeak-ng speak every line into
+the 12,500 LJSpeech transcripts in ``data/``, of which the 2,000 shipped in
+``tts_cli/data`` are the first), holds out a fixed 100 lines for evaluation
+(the same 100 for either file), and has espeak-ng speak every line into
 ``OUT/wavs/<id>.wav`` (mono PCM16 at 22050 Hz, espeak-ng's own rate, so no
 resampling). Writes ``OUT/train.psv`` and ``OUT/heldout.psv``.
 
@@ -26,7 +27,9 @@ from pathlib import Path
 
 from tts_cli import text as frontend
 
-DEFAULT_TRANSCRIPTS = Path(frontend.__file__).parent / "data" / "ljspeech_2000.psv"
+DEFAULT_TRANSCRIPTS = Path(__file__).parent / "data" / "ljspeech_12500.psv"
+# The held-out lines are drawn from this sample's ids where a corpus has them.
+SAMPLE_TRANSCRIPTS = Path(frontend.__file__).parent / "data" / "ljspeech_2000.psv"
 HELD_OUT = 100
 SAMPLE_RATE = 22050
 
@@ -47,11 +50,16 @@ def spoken_text(line: str) -> str:
     return frontend.sequence_to_text(ids).strip()
 
 
-def split_held_out(rows: list[tuple[str, str]], count: int = HELD_OUT) -> tuple[list, list]:
+def split_held_out(rows: list[tuple[str, str]], count: int = HELD_OUT,
+                   among: set[str] | None = None) -> tuple[list, list]:
     """(train, held_out): the held-out lines are the `count` ids with the
     smallest sha256, so the choice depends only on the ids, not on file order
-    or on the rest of the corpus."""
-    ranked = sorted(rows, key=lambda row: hashlib.sha256(row[0].encode()).hexdigest())
+    or on the rest of the corpus; drawn from the ids in ``among`` where the
+    corpus has at least `count` of them (so a larger corpus holds out the same
+    lines as the sample the earlier trainings used and were measured on)."""
+    shared = [row for row in rows if among is not None and row[0] in among]
+    ranked = sorted(shared if len(shared) >= count else rows,
+                    key=lambda row: hashlib.sha256(row[0].encode()).hexdigest())
     held = {uid for uid, _ in ranked[:count]}
     return [r for r in rows if r[0] not in held], [r for r in rows if r[0] in held]
 
@@ -88,7 +96,7 @@ def make(transcripts: Path, out: Path, espeak: str, voice: str, words_per_minute
     """Returns (WAVs made, WAVs already there)."""
     rows = [(uid, spoken_text(line)) for uid, line in read_transcripts(transcripts)]
     rows = [(uid, line) for uid, line in rows if line]
-    train, held_out = split_held_out(rows)
+    train, held_out = split_held_out(rows, among={uid for uid, _ in read_transcripts(SAMPLE_TRANSCRIPTS)})
     wavs = out / "wavs"
     wavs.mkdir(parents=True, exist_ok=True)
     todo = [(uid, line) for uid, line in rows if not wav_is_complete(wavs / f"{uid}.wav")]
