@@ -300,6 +300,8 @@ def test_tacotron2_trains_resumes_and_exports_a_loadable_voice(tone_data, tmp_pa
     checks = [r for r in log if "heldout_stop_rate" in r]
     assert [r["step"] for r in checks] == [2, 3]
     assert all(0 <= r["heldout_stop_rate"] <= 1 and r["heldout_duration_ratio"] > 0 for r in checks)
+    # and the teacher-forced mel loss of held-out and training lines, to tell overfitting
+    assert all(0 < r["heldout_mel_loss"] < math.inf and 0 < r["train_lines_mel_loss"] < math.inf for r in checks)
     saved = torch.load(out / "demo_tacotron2.pt", map_location="cpu", weights_only=True)
     assert saved["epoch"] == 3 and all(k.startswith("module.") for k in saved["state_dict"])
     assert saved["state_dict"]["module.embedding.weight"].dtype == torch.float16

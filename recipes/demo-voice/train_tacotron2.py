@@ -297,13 +297,18 @@ class Dataset:
         return len(self.mels)
 
     def batch(self, items: list[int], device: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        ids = torch.nn.utils.rnn.pad_sequence([self.ids[i] for i in items], batch_first=True)
-        lengths = torch.tensor([len(self.ids[i]) for i in items])
-        mel_lengths = torch.tensor([self.frames[i] for i in items])
-        mels = torch.zeros(len(items), self.mels[items[0]].shape[0], int(mel_lengths.max()))
-        for row, i in enumerate(items):
-            mels[row, :, : self.frames[i]] = self.mels[i].float()
-        return ids.to(device), lengths.to(device), mels.to(device), mel_lengths.to(device)
+        return pad_batch([self.ids[i] for i in items], [self.mels[i] for i in items], device)
+
+
+def pad_batch(ids: list[Tensor], mels: list[Tensor], device: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(ids, lengths, mels, mel_lengths), each padded to its longest."""
+    lengths = torch.tensor([len(q) for q in ids])
+    mel_lengths = torch.tensor([m.shape[1] for m in mels])
+    padded = torch.zeros(len(mels), mels[0].shape[0], int(mel_lengths.max()))
+    for row, m in enumerate(mels):
+        padded[row, :, : m.shape[1]] = m.float()
+    ids = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True)
+    return ids.to(device), lengths.to(device), padded.to(device), mel_lengths.to(device)
 
 
 # --------------------------------------------------------------------------
@@ -403,28 +408,45 @@ class HeldOutCheck:
     """A few held-out lines decoded free-running, as at inference (no ground
     truth fed back): the share the gate stops before the step limit and their
     length against espeak-ng's. Teacher-forced losses fall long before the
-    model can speak on its own; this says when it can."""
+    model can speak on its own; this says when it can. Also the
+    teacher-forced mel loss of those held-out lines and of as many training
+    lines, both in eval mode with the same dropout draws: the held-out one
+    rising while the training one falls is overfitting."""
 
-    def __init__(self, data_folder: Path, device: str, lines: int = 8, max_steps: int = 1000):
+    def __init__(self, data_folder: Path, device: str, training: Dataset, lines: int = 8,
+                 max_steps: int = 1000):
         mels = torch.load(data_folder / "mels.pt", map_location="cpu")
         rows = [(uid, text) for uid, text in read_filelist(data_folder / "heldout.psv") if uid in mels][:lines]
         seqs = [torch.tensor(frontend.text_to_sequence(text)) for _, text in rows]
-        self.ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True).to(device)
-        self.lengths = torch.tensor([len(q) for q in seqs], device=device)
-        self.target_frames = torch.tensor([mels[uid].shape[1] for uid, _ in rows], dtype=torch.float32)
+        self.held_out = pad_batch(seqs, [mels[uid] for uid, _ in rows], device)
+        self.training = training.batch(list(range(min(lines, len(training)))), device)
+        self.target_frames = self.held_out[3].float().cpu()
         self.settings = DecodeSettings(max_decoder_steps=max_steps)
+        self.device = device
 
     @torch.no_grad()
     def __call__(self, model: Tacotron2) -> dict[str, float]:
         model.eval()
+        ids, lengths = self.held_out[:2]
         try:
-            seeds = torch.arange(len(self.lengths), device=self.ids.device)
-            _, frames, truncated = decode(model, self.ids, self.lengths, seeds, self.settings)
+            seeds = torch.arange(len(lengths), device=ids.device)
+            _, frames, truncated = decode(model, ids, lengths, seeds, self.settings)
+            # the prenet's dropout is on at inference too: the same draws each check
+            with torch.random.fork_rng(devices=[torch.cuda.current_device()] if "cuda" in self.device else []):
+                torch.manual_seed(0)
+                mel_losses = {name: self._mel_loss(model, batch) for name, batch in
+                              (("heldout_mel_loss", self.held_out), ("train_lines_mel_loss", self.training))}
         finally:
             model.train()
         ratio = frames.float().cpu() / self.target_frames
         return {"heldout_stop_rate": float((~truncated).float().mean()),
-                "heldout_duration_ratio": float(ratio.median())}
+                "heldout_duration_ratio": float(ratio.median()), **mel_losses}
+
+    @staticmethod
+    def _mel_loss(model: Tacotron2, batch: tuple[Tensor, Tensor, Tensor, Tensor]) -> float:
+        ids, lengths, mels, mel_lengths = batch
+        out = forward(model, ids, lengths, mels, mel_lengths)
+        return float(losses(out, mels, lengths, mel_lengths, 0.0)["mel"])
 
 
 # --------------------------------------------------------------------------
@@ -496,7 +518,7 @@ def train(args) -> dict:
                   utterances=len(data))
     last_save = budget.elapsed()
 
-    check = HeldOutCheck(args.data, args.device) if args.check else None
+    check = HeldOutCheck(args.data, args.device, data) if args.check else None
 
     def save() -> None:
         common.save_checkpoint(out / "checkpoint.pt", model=model.state_dict(),
