@@ -464,3 +464,27 @@ def test_max_frames_keeps_only_the_short_utterances(tone_data):
     short = train_tacotron2.Dataset(tone_data, max_frames=limit)
     assert 0 < len(short) < len(everything)
     assert sorted(short.frames) == sorted(f for f in everything.frames if f <= limit)
+
+
+# --------------------------------------------------------------------------
+# Evaluation
+
+
+def test_the_teacher_forced_evaluation_speaks_each_held_out_line_at_espeaks_length(tone_data, tmp_path):
+    # evaluate.py forced: Tacotron2 fed espeak-ng's frames, then WaveGlow; each
+    # clip as long as espeak-ng's mel and audible, in the layout `score` reads.
+    _train_t2(tone_data, tmp_path / "t2", 1)
+    _train_wg(tone_data, tmp_path / "wg", 1)
+    out = tmp_path / "forced"
+    assert evaluate.main(["forced", "--data", str(tone_data), "--out", str(out), "--device", "cpu",
+                          "--tacotron2", str(tmp_path / "t2" / "demo_tacotron2.pt"),
+                          "--waveglow", str(tmp_path / "wg" / "demo_waveglow.pt")]) == 0
+    record = json.loads((out / "synth.json").read_text())
+    mels = torch.load(tone_data / "mels.pt")
+    held = [uid for uid, _ in mel.read_filelist(tone_data / "heldout.psv")]
+    assert record["teacher_forced"] and sorted(record["lines"]) == sorted(held)
+    for uid in held:
+        clip, rate = soundfile.read(str(out / "wavs" / f"{uid}.wav"))
+        frames = mels[uid].shape[1]
+        assert rate == SR and len(clip) == frames * evaluate.HOP == record["lines"][uid]["frames"] * evaluate.HOP
+        assert record["lines"][uid]["rms"] > 0

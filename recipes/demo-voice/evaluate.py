@@ -12,6 +12,11 @@ Two steps, so the speech recognizer need not travel to the GPU machine:
            synthesis), into the same layout as ``synth``: scored, it tells how
            much of the word error rate is the vocoder's, so a training run
            knows which model needs the next minutes.
+``forced`` Tacotron2 teacher-forced on espeak-ng's mels of the same lines (each
+           step fed the true previous frame, as in training), its postnet
+           output through WaveGlow, same layout: between ``vocode`` and
+           ``synth``, it tells what predicting frames costs from what
+           running on its own output (alignment) costs.
 ``score``  gate stop rate; each line's duration against espeak-ng's WAV of the
            same line; and, when faster-whisper is installed, the word error
            rate of both the demo voice and espeak-ng under the same recognizer
@@ -143,6 +148,36 @@ def vocode(args) -> dict:
     return record
 
 
+@torch.inference_mode()
+def forced(args) -> dict:
+    import train_tacotron2   # the recipe's teacher-forced pass
+    rows = held_out(args)
+    tacotron2, waveglow = load_voice(args.tacotron2, args.waveglow, args.device)
+    tacotron2.eval()
+    denoiser = Denoiser.for_model(waveglow, torch.float32)
+    extract = MelExtractor().to(args.device)
+    wavs = args.out / "wavs"
+    wavs.mkdir(parents=True, exist_ok=True)
+    lines = {}
+    start = time.time()
+    for i, (uid, text) in enumerate(rows):
+        mel = extract(read_wav(args.data / "wavs" / f"{uid}.wav").to(args.device))[None]
+        frames = torch.tensor([mel.shape[2]], device=args.device)
+        ids = torch.tensor([frontend.text_to_sequence(text)], device=args.device)
+        torch.manual_seed(args.seed + i)   # the prenet's dropout
+        post = train_tacotron2.forward(tacotron2, ids, torch.tensor([ids.shape[1]], device=args.device),
+                                       mel, frames)["post"]
+        seeds = torch.tensor([args.seed + i], device=args.device)
+        audio = waveglow.infer(post, frames, seeds, SIGMA)
+        clip = denoiser(audio[0, : mel.shape[2] * HOP].float(), args.denoiser_strength).cpu()
+        write_clip(wavs / f"{uid}.wav", clip)
+        lines[uid] = clip_record(clip, mel.shape[2], True)
+    record = {"tacotron2": str(args.tacotron2), "waveglow": str(args.waveglow), "teacher_forced": True,
+              "seconds": round(time.time() - start, 1), "device": args.device, "lines": lines}
+    (args.out / "synth.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
 # --------------------------------------------------------------------------
 # score
 
@@ -236,7 +271,7 @@ def markdown(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("step", choices=("synth", "vocode", "score"))
+    p.add_argument("step", choices=("synth", "vocode", "forced", "score"))
     p.add_argument("--data", type=Path, required=True, help="folder made by make_data.py")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tacotron2", type=Path, default=Path("checkpoints/demo_tacotron2.pt"))
@@ -250,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lines", type=int, default=0, help="only the first N held-out lines (quick checks)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    {"synth": synth, "vocode": vocode, "score": score}[args.step](args)
+    {"synth": synth, "vocode": vocode, "forced": forced, "score": score}[args.step](args)
     return 0
 
 
