@@ -126,34 +126,33 @@ def synth(args) -> dict:
 
 @torch.inference_mode()
 def vocode(args) -> dict:
-    rows = held_out(args)
     waveglow = WaveGlow.from_state_dict(checkpoints.load_waveglow_weights(args.waveglow)).to(args.device)
-    denoiser = Denoiser.for_model(waveglow, torch.float32)
-    extract = MelExtractor().to(args.device)
-    wavs = args.out / "wavs"
-    wavs.mkdir(parents=True, exist_ok=True)
-    lines = {}
-    start = time.time()
-    for i, (uid, _) in enumerate(rows):
-        mel = extract(read_wav(args.data / "wavs" / f"{uid}.wav").to(args.device))[None]
-        frames = mel.shape[2]
-        seeds = torch.tensor([args.seed + i], device=args.device)
-        audio = waveglow.infer(mel, torch.tensor([frames], device=args.device), seeds, SIGMA)
-        clip = denoiser(audio[0, : frames * HOP].float(), args.denoiser_strength).cpu()
-        write_clip(wavs / f"{uid}.wav", clip)
-        lines[uid] = clip_record(clip, frames, True)
-    record = {"tacotron2": None, "waveglow": str(args.waveglow), "copy_synthesis": True,
-              "seconds": round(time.time() - start, 1), "device": args.device, "lines": lines}
-    (args.out / "synth.json").write_text(json.dumps(record, indent=1))
-    return record
+    return _from_espeak_mels(args, waveglow, lambda i, text, mel, frames: mel,
+                             {"tacotron2": None, "waveglow": str(args.waveglow), "copy_synthesis": True})
 
 
 @torch.inference_mode()
 def forced(args) -> dict:
     import train_tacotron2   # the recipe's teacher-forced pass
-    rows = held_out(args)
     tacotron2, waveglow = load_voice(args.tacotron2, args.waveglow, args.device)
     tacotron2.eval()
+
+    def teacher_forced(i: int, text: str, mel: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
+        ids = torch.tensor([frontend.text_to_sequence(text)], device=args.device)
+        torch.manual_seed(args.seed + i)   # the prenet's dropout
+        lengths = torch.tensor([ids.shape[1]], device=args.device)
+        return train_tacotron2.forward(tacotron2, ids, lengths, mel, frames)["post"]
+
+    return _from_espeak_mels(args, waveglow, teacher_forced,
+                             {"tacotron2": str(args.tacotron2), "waveglow": str(args.waveglow),
+                              "teacher_forced": True})
+
+
+def _from_espeak_mels(args, waveglow: WaveGlow, to_mel, about: dict) -> dict:
+    """Each held-out line's espeak-ng mel, made into the mel to vocode by
+    ``to_mel(i, text, mel, frames)``, through WaveGlow and the denoiser into
+    OUT/wavs, with OUT/synth.json recording ``about`` and each clip."""
+    rows = held_out(args)
     denoiser = Denoiser.for_model(waveglow, torch.float32)
     extract = MelExtractor().to(args.device)
     wavs = args.out / "wavs"
@@ -162,18 +161,14 @@ def forced(args) -> dict:
     start = time.time()
     for i, (uid, text) in enumerate(rows):
         mel = extract(read_wav(args.data / "wavs" / f"{uid}.wav").to(args.device))[None]
-        frames = torch.tensor([mel.shape[2]], device=args.device)
-        ids = torch.tensor([frontend.text_to_sequence(text)], device=args.device)
-        torch.manual_seed(args.seed + i)   # the prenet's dropout
-        post = train_tacotron2.forward(tacotron2, ids, torch.tensor([ids.shape[1]], device=args.device),
-                                       mel, frames)["post"]
+        n = mel.shape[2]
+        frames = torch.tensor([n], device=args.device)
         seeds = torch.tensor([args.seed + i], device=args.device)
-        audio = waveglow.infer(post, frames, seeds, SIGMA)
-        clip = denoiser(audio[0, : mel.shape[2] * HOP].float(), args.denoiser_strength).cpu()
+        audio = waveglow.infer(to_mel(i, text, mel, frames), frames, seeds, SIGMA)
+        clip = denoiser(audio[0, : n * HOP].float(), args.denoiser_strength).cpu()
         write_clip(wavs / f"{uid}.wav", clip)
-        lines[uid] = clip_record(clip, mel.shape[2], True)
-    record = {"tacotron2": str(args.tacotron2), "waveglow": str(args.waveglow), "teacher_forced": True,
-              "seconds": round(time.time() - start, 1), "device": args.device, "lines": lines}
+        lines[uid] = clip_record(clip, n, True)
+    record = {**about, "seconds": round(time.time() - start, 1), "device": args.device, "lines": lines}
     (args.out / "synth.json").write_text(json.dumps(record, indent=1))
     return record
 
