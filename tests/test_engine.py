@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from tts_cli.engine import Engine, Job, SynthesisSettings, resolve_device, resolve_precision
+from tts_cli.engine import Engine, HostBuffers, Job, SynthesisSettings, resolve_device, resolve_precision
 from tts_cli.tacotron2 import DecodeSettings
 from tiny_models import HOP, tiny_tacotron2, tiny_waveglow
 
@@ -45,11 +45,17 @@ def test_a_lines_audio_and_mel_do_not_depend_on_its_batch():
 
 
 @pytest.mark.parametrize("failing", [None, 1])
-def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(failing):
+def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(failing, monkeypatch):
     # overlap_batches hands each batch on only after the next one is queued;
     # every batch must still come out once, in order, with its own audio, and
-    # a failed batch's error must stay with that batch.
+    # a failed batch's error must stay with that batch. Its copies go through
+    # host buffers reused from batch to batch (as on CUDA): a batch's results
+    # must not change when a later batch reuses its buffer.
     engine = make_engine()
+    engine.asynchronous_copies = True
+    copies = []
+    real_copy = HostBuffers.copy
+    monkeypatch.setattr(HostBuffers, "copy", lambda self, t: copies.append(c := real_copy(self, t)) or c)
     g = torch.Generator().manual_seed(4)
     batches = [[Job(torch.randint(12, 64, (n,), generator=g).tolist(), seed=n + 10 * b, frames=f)
                 for n, f in ((5, 7), (9, 4))] for b in range(4)]
@@ -68,5 +74,6 @@ def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(f
             np.testing.assert_array_equal(a.audio, b.audio)
             np.testing.assert_array_equal(a.mel, b.mel)
     assert [jobs for jobs, _ in runs[True]] == batches
+    assert len({buffer.data_ptr() for _, buffer in copies}) < len(copies)   # buffers were reused
     failed = [i for i, (_, out) in enumerate(runs[True]) if isinstance(out, Exception)]
     assert failed == ([] if failing is None else [failing])
