@@ -77,3 +77,19 @@ def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(f
     assert len({buffer.data_ptr() for _, buffer in copies}) < len(copies)   # buffers were reused
     failed = [i for i, (_, out) in enumerate(runs[True]) if isinstance(out, Exception)]
     assert failed == ([] if failing is None else [failing])
+
+
+def test_host_buffers_give_each_copy_the_smallest_free_buffer_that_fits():
+    # Batches of many lengths: a copy takes the smallest free buffer it fits
+    # in (any of several, not just the first), a bigger copy gets a new one,
+    # and only HostBuffers.KEEP free buffers are kept, the largest.
+    buffers = HostBuffers(pinned=False)
+    taken = [buffers.copy(torch.full((n,), float(n))) for n in (10, 30, 20, 40, 50)]
+    for host, buffer in taken:
+        assert torch.equal(host, torch.full_like(host, float(host.numel())))
+        buffers.give_back(buffer)
+    assert sorted(b.numel() for b in buffers._free) == sorted(b.numel() for _, b in taken[1:])
+    host, buffer = buffers.copy(torch.ones(6))   # 24 bytes: the smallest kept buffer fits
+    assert buffer.numel() == min(b.numel() for _, b in taken[1:]) and torch.equal(host, torch.ones(6))
+    host, buffer = buffers.copy(torch.ones(100))
+    assert buffer.numel() >= 400 and torch.equal(host, torch.ones(100))

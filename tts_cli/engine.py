@@ -427,11 +427,10 @@ class HostBuffers:
         """(a host copy of ``tensor``, queued on the current stream and valid
         once an event recorded after it has passed; the buffer under it)."""
         nbytes = tensor.numel() * tensor.element_size()
+        # By index, never list.remove: == between tensors compares elements.
         with self._lock:
-            fitting = [b for b in self._free if b.numel() >= nbytes]
-            buffer = min(fitting, key=torch.Tensor.numel) if fitting else None
-            if buffer is not None:
-                self._free.remove(buffer)
+            fitting = [i for i, b in enumerate(self._free) if b.numel() >= nbytes]
+            buffer = self._free.pop(min(fitting, key=lambda i: self._free[i].numel())) if fitting else None
         if buffer is None:   # a quarter to spare, so slowly growing batches rarely allocate
             buffer = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, pin_memory=self.pinned)
         host = buffer[:nbytes].view(tensor.dtype).view(tensor.shape)
@@ -441,8 +440,8 @@ class HostBuffers:
     def give_back(self, buffer: torch.Tensor) -> None:
         with self._lock:
             self._free.append(buffer)
-            if len(self._free) > self.KEEP:
-                self._free.remove(min(self._free, key=torch.Tensor.numel))
+            self._free.sort(key=torch.Tensor.numel)
+            del self._free[: max(0, len(self._free) - self.KEEP)]   # the smallest go
 
 
 def _halves(jobs: list[Job]) -> list[list[Job]]:
