@@ -93,3 +93,16 @@ def test_host_buffers_give_each_copy_the_smallest_free_buffer_that_fits():
     assert buffer.numel() == min(b.numel() for _, b in taken[1:]) and torch.equal(host, torch.ones(6))
     host, buffer = buffers.copy(torch.ones(100))
     assert buffer.numel() >= 400 and torch.equal(host, torch.ones(100))
+
+
+def test_host_buffers_with_keep_0_pin_fresh_memory_for_every_copy():
+    # The bench's "before" variant: nothing is kept, so no copy lands in a
+    # buffer another copy used.
+    buffers = HostBuffers(pinned=False, keep=0)
+    seen = []
+    for n in (10, 10, 5):
+        host, buffer = buffers.copy(torch.arange(float(n)))
+        assert torch.equal(host, torch.arange(float(n)))
+        seen.append(buffer)
+        buffers.give_back(buffer)
+    assert buffers._free == [] and len({id(b) for b in seen}) == 3

@@ -418,8 +418,11 @@ class HostBuffers:
 
     KEEP = 4    # free buffers kept at most (two batches in flight take four)
 
-    def __init__(self, pinned: bool):
+    def __init__(self, pinned: bool, keep: int = KEEP):
+        """``keep=0``: nothing is reused, every copy pins fresh memory (the
+        path before HostBuffers, which the bench measures against)."""
         self.pinned = pinned
+        self.keep = keep
         self._free: list[torch.Tensor] = []
         self._lock = threading.Lock()
 
@@ -441,7 +444,7 @@ class HostBuffers:
         with self._lock:
             self._free.append(buffer)
             self._free.sort(key=torch.Tensor.numel)
-            del self._free[: max(0, len(self._free) - self.KEEP)]   # the smallest go
+            del self._free[: max(0, len(self._free) - self.keep)]   # the smallest go
 
 
 def _halves(jobs: list[Job]) -> list[list[Job]]:

@@ -69,7 +69,8 @@ def load_voice(tacotron2_path: Path, waveglow_path: Path, device: str) -> tuple[
 
 @torch.inference_mode()
 def speak_batch(tacotron2: Tacotron2, waveglow: WaveGlow, denoiser: Denoiser, lines: list[str],
-                seed: int, settings: DecodeSettings, denoiser_strength: float) -> list[tuple[torch.Tensor, int, bool]]:
+                seed: int, settings: DecodeSettings, denoiser_strength: float,
+                sigma: float = SIGMA) -> list[tuple[torch.Tensor, int, bool]]:
     """(audio float32, frames, stopped by gate) for each line, batched."""
     device = next(tacotron2.parameters()).device
     seqs = [torch.tensor(frontend.text_to_sequence(line)) for line in lines]
@@ -77,7 +78,7 @@ def speak_batch(tacotron2: Tacotron2, waveglow: WaveGlow, denoiser: Denoiser, li
     lengths = torch.tensor([len(s) for s in seqs], device=device)
     seeds = torch.arange(len(lines), device=device, dtype=torch.long) + seed
     mel, frames, truncated = decode(tacotron2, ids, lengths, seeds, settings)
-    audio = waveglow.infer(mel, frames, seeds, SIGMA)
+    audio = waveglow.infer(mel, frames, seeds, sigma)
     out = []
     for row in range(len(lines)):
         n = int(frames[row])
@@ -114,7 +115,7 @@ def synth(args) -> dict:
     for i in range(0, len(rows), args.batch_size):
         chunk = rows[i:i + args.batch_size]
         results = speak_batch(tacotron2, waveglow, denoiser, [t for _, t in chunk],
-                              args.seed + i, settings, args.denoiser_strength)
+                              args.seed + i, settings, args.denoiser_strength, args.sigma)
         for (uid, _), (clip, frames, stopped) in zip(chunk, results):
             write_clip(wavs / f"{uid}.wav", clip)
             lines[uid] = clip_record(clip, frames, stopped)
@@ -164,7 +165,7 @@ def _from_espeak_mels(args, waveglow: WaveGlow, to_mel, about: dict) -> dict:
         n = mel.shape[2]
         frames = torch.tensor([n], device=args.device)
         seeds = torch.tensor([args.seed + i], device=args.device)
-        audio = waveglow.infer(to_mel(i, text, mel, frames), frames, seeds, SIGMA)
+        audio = waveglow.infer(to_mel(i, text, mel, frames), frames, seeds, args.sigma)
         clip = denoiser(audio[0, : n * HOP].float(), args.denoiser_strength).cpu()
         write_clip(wavs / f"{uid}.wav", clip)
         lines[uid] = clip_record(clip, n, True)
@@ -277,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--denoiser-strength", type=float, default=DENOISER_STRENGTH,
                    help="bias-spectrum subtraction after WaveGlow (0: none)")
+    p.add_argument("--sigma", type=float, default=SIGMA, help=f"WaveGlow's noise scale (default {SIGMA}, the CLI's)")
     p.add_argument("--lines", type=int, default=0, help="only the first N held-out lines (quick checks)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
