@@ -44,3 +44,27 @@ def test_idle_gaps_are_the_long_stretches_between_kernels_within_the_window():
     assert idle_gaps(intervals, 0, 10, 1.0) == [pytest.approx(3.0)]
     assert idle_gaps(intervals, 0, 10, 0.5) == [pytest.approx(0.5), pytest.approx(3.0), pytest.approx(0.5)]
     assert idle_gaps([], 0, 10, 1.0) == [10]
+
+
+def test_the_first_run_counters_see_graphs_captured_once_and_reused_after():
+    # The bench tells a process's one-off work from its per-batch work: a
+    # second run over the same batches must capture no decoder graph.
+    import torch
+    from tts_cli.bench import _one_off_costs, _one_off_counters
+    from tts_cli.decoder_graph import GraphedDecoder
+    from tts_cli.engine import Engine, Job, SynthesisSettings
+    from tts_cli.tacotron2 import DecodeSettings
+    from tiny_models import tiny_tacotron2, tiny_waveglow
+
+    settings = SynthesisSettings(decode=DecodeSettings(max_decoder_steps=20))
+    cpu = torch.device("cpu")
+    engine = Engine(tiny_tacotron2(seed=1), tiny_waveglow(seed=1), cpu, torch.float32, settings)
+    engine.graphed = GraphedDecoder(engine.tacotron2, settings.decode)   # off CUDA: no capture, same bookkeeping
+    batches = [[Job(list(range(12, 12 + n)), seed=n, frames=6) for n in (5, 40)], [Job([13] * 70, seed=1, frames=6)]]
+    costs = []
+    for run in ("first", "again"):
+        before = _one_off_counters(engine, cpu)
+        assert all(not isinstance(r, Exception) for _, r in engine.synthesize_all(batches))
+        costs.append(_one_off_costs(engine, cpu, before, run))
+    assert costs[0]["first_graph_captures"] == 2          # (2 rows, 64 symbols) and (1 row, 96)
+    assert costs[1]["again_graph_captures"] == 0

@@ -212,9 +212,11 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
 
     with tempfile.TemporaryDirectory() as tmp:
+        before = _one_off_counters(engine, device)
         summary = _corpus_run(settings, corpus, Path(tmp) / "out", engine)
+        first_run = _one_off_costs(engine, device, before, "first_run")
         if b.end_to_end_only:
-            return end_to_end_result(b, device, settings, summary, startup)
+            return {**end_to_end_result(b, device, settings, summary, startup), **first_run}
         peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
         window = _first_lines(b.corpus, min(4 * b.batch_size, summary.counts["ok"] or 1), Path(tmp) / "w.txt")
         busy = _busy_window(settings, window, Path(tmp) / "busy", engine)
@@ -245,6 +247,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         "baseline_lines": baseline["lines"],
         "baseline_audio_seconds_per_second": baseline["speed"],
         "speedup_over_baseline": speed / baseline["speed"] if baseline["speed"] else float("nan"),
+        **first_run,
         **other_kernels,
         **decoder_candidates,
         **variants,
@@ -317,6 +320,26 @@ def _ready_engine(device: torch.device, dtype: torch.dtype, settings: Settings) 
     _warm_up(engine)
     _sync(device)
     return engine, time.perf_counter() - started
+
+
+def _one_off_counters(engine: Engine, device: torch.device) -> dict:
+    """Counters of the work a corpus run does once per process rather than
+    once per batch: decoder graphs captured (and the seconds that took),
+    Triton kernel variants compiled or loaded, cudaMalloc calls by the
+    caching allocator."""
+    graphed = engine.graphed
+    return {"graph_captures": len(graphed.graphs) if graphed else 0,
+            "graph_capture_seconds": graphed.capture_seconds if graphed else 0.0,
+            "triton_compiled_kernels": kernels.compiled_kernels(),
+            "device_allocations": (torch.cuda.memory_stats(device).get("num_device_alloc", 0)
+                                   if device.type == "cuda" else 0)}
+
+
+def _one_off_costs(engine: Engine, device: torch.device, before: dict, key: str) -> dict:
+    """What each of _one_off_counters grew by since ``before``, as ``key_name``."""
+    after = _one_off_counters(engine, device)
+    return {f"{key}_{name}": (after[name] - before[name] if None not in (after[name], before[name]) else None)
+            for name in before}
 
 
 def _corpus_run(settings: Settings, corpus: Path, out: Path, engine: Engine,
@@ -490,7 +513,9 @@ def _end_to_end_variants(engine: Engine, settings: Settings, corpus: Path, windo
             variant = copy.copy(engine)
             vars(variant).update(changes)
             with tempfile.TemporaryDirectory() as tmp:
+                before = _one_off_counters(variant, engine.device)
                 summary = _corpus_run(settings, corpus, Path(tmp) / "out", variant)
+                result.update(_one_off_costs(variant, engine.device, before, key))
                 busy = _busy_window(settings, window, Path(tmp) / "busy", variant)
         except Exception as e:   # noqa: BLE001
             result[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
@@ -607,6 +632,15 @@ def _waveglow_mode_rows() -> list:
     return rows
 
 
+# Work the first corpus run of a process did once (_one_off_counters).
+FIRST_RUN_ROWS = [
+    ("first corpus run: decoder graphs captured", "first_run_graph_captures", "{}"),
+    ("first corpus run: seconds capturing them", "first_run_graph_capture_seconds", "{:.2f}"),
+    ("first corpus run: Triton kernel variants compiled or loaded", "first_run_triton_compiled_kernels", "{}"),
+    ("first corpus run: cudaMalloc calls", "first_run_device_allocations", "{}"),
+]
+
+
 TABLE = [
     ("audio seconds per wall second", "audio_seconds_per_second", "{:.1f}"),
     ("samples per second", "samples_per_second", "{:.3g}"),
@@ -632,6 +666,7 @@ TABLE = [
     ("end to end as a share of WaveGlow alone", "end_to_end_share_of_waveglow_alone", "{:.1%}"),
     ("peak GPU memory GiB", "peak_gpu_memory_gib", "{:.1f}"),
     ("startup s (build, warm-up)", "startup_seconds", "{:.1f}"),
+    *FIRST_RUN_ROWS,
     ("naive batch-1 loop: audio s per wall s", "baseline_audio_seconds_per_second", "{:.1f}"),
     ("speed-up over naive loop", "speedup_over_baseline", "{:.1f}x"),
 ]
@@ -646,6 +681,7 @@ END_TO_END_TABLE = [
     ("audio seconds per wall second", "audio_seconds_per_second", "{:.1f}"),
     ("audio seconds per wall second per process", "audio_seconds_per_second_per_process", "{:.1f}"),
     ("startup s (build, warm-up; the slowest process)", "startup_seconds", "{:.1f}"),
+    *FIRST_RUN_ROWS,
 ]
 
 

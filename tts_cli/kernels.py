@@ -386,6 +386,27 @@ def autotune_timings() -> dict:
     return report
 
 
+def compiled_kernels() -> int | None:
+    """How many compiled variants of this module's Triton kernels the process
+    holds (one per kernel, config and argument specialization). A count that
+    grows during a run means a compilation or a load from Triton's disk cache
+    happened in it. None where Triton is missing or keeps its caches
+    differently."""
+    if triton is None:
+        return None
+    try:
+        from triton.runtime.jit import JITFunction
+        total = 0
+        for value in list(globals().values()):
+            while not isinstance(value, JITFunction) and hasattr(value, "fn"):
+                value = value.fn   # autotuner, heuristics
+            if isinstance(value, JITFunction):
+                total += sum(len(caches[0]) for caches in value.device_caches.values())
+        return total
+    except (ImportError, AttributeError, TypeError, IndexError):
+        return None
+
+
 def _capability(tensor) -> tuple[int, int] | None:
     """The compute capability of the GPU holding ``tensor``; None otherwise."""
     try:
