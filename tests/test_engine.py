@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from tts_cli.engine import Engine, HostBuffers, Job, SynthesisSettings, resolve_device, resolve_precision
+from tts_cli.engine import Engine, Job, SynthesisSettings, resolve_device, resolve_precision
 from tts_cli.tacotron2 import DecodeSettings
 from tiny_models import HOP, tiny_tacotron2, tiny_waveglow
 
@@ -45,17 +45,11 @@ def test_a_lines_audio_and_mel_do_not_depend_on_its_batch():
 
 
 @pytest.mark.parametrize("failing", [None, 1])
-def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(failing, monkeypatch):
+def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(failing):
     # overlap_batches hands each batch on only after the next one is queued;
     # every batch must still come out once, in order, with its own audio, and
-    # a failed batch's error must stay with that batch. Its copies go through
-    # host buffers reused from batch to batch (as on CUDA): a batch's results
-    # must not change when a later batch reuses its buffer.
+    # a failed batch's error must stay with that batch.
     engine = make_engine()
-    engine.asynchronous_copies = True
-    copies = []
-    real_copy = HostBuffers.copy
-    monkeypatch.setattr(HostBuffers, "copy", lambda self, t: copies.append(c := real_copy(self, t)) or c)
     g = torch.Generator().manual_seed(4)
     batches = [[Job(torch.randint(12, 64, (n,), generator=g).tolist(), seed=n + 10 * b, frames=f)
                 for n, f in ((5, 7), (9, 4))] for b in range(4)]
@@ -74,35 +68,5 @@ def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(f
             np.testing.assert_array_equal(a.audio, b.audio)
             np.testing.assert_array_equal(a.mel, b.mel)
     assert [jobs for jobs, _ in runs[True]] == batches
-    assert len({buffer.data_ptr() for _, buffer in copies}) < len(copies)   # buffers were reused
     failed = [i for i, (_, out) in enumerate(runs[True]) if isinstance(out, Exception)]
     assert failed == ([] if failing is None else [failing])
-
-
-def test_host_buffers_give_each_copy_the_smallest_free_buffer_that_fits():
-    # Batches of many lengths: a copy takes the smallest free buffer it fits
-    # in (any of several, not just the first), a bigger copy gets a new one,
-    # and only HostBuffers.KEEP free buffers are kept, the largest.
-    buffers = HostBuffers(pinned=False)
-    taken = [buffers.copy(torch.full((n,), float(n))) for n in (10, 30, 20, 40, 50)]
-    for host, buffer in taken:
-        assert torch.equal(host, torch.full_like(host, float(host.numel())))
-        buffers.give_back(buffer)
-    assert sorted(b.numel() for b in buffers._free) == sorted(b.numel() for _, b in taken[1:])
-    host, buffer = buffers.copy(torch.ones(6))   # 24 bytes: the smallest kept buffer fits
-    assert buffer.numel() == min(b.numel() for _, b in taken[1:]) and torch.equal(host, torch.ones(6))
-    host, buffer = buffers.copy(torch.ones(100))
-    assert buffer.numel() >= 400 and torch.equal(host, torch.ones(100))
-
-
-def test_host_buffers_with_keep_0_pin_fresh_memory_for_every_copy():
-    # The bench's "before" variant: nothing is kept, so no copy lands in a
-    # buffer another copy used.
-    buffers = HostBuffers(pinned=False, keep=0)
-    seen = []
-    for n in (10, 10, 5):
-        host, buffer = buffers.copy(torch.arange(float(n)))
-        assert torch.equal(host, torch.arange(float(n)))
-        seen.append(buffer)
-        buffers.give_back(buffer)
-    assert buffers._free == [] and len({id(b) for b in seen}) == 3

@@ -39,7 +39,7 @@ from tts_cli import text as frontend
 from tts_cli.config import Settings, load_settings
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.distributed import Group
-from tts_cli.engine import DECODER_FUSIONS, PRECISIONS, Engine, HostBuffers, Job, resolve_device, resolve_precision
+from tts_cli.engine import DECODER_FUSIONS, PRECISIONS, Engine, Job, resolve_device, resolve_precision
 from tts_cli.pipeline import RunSummary, synthesize_corpus
 from tts_cli.voice import synthesis_settings
 from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, Tacotron2
@@ -487,8 +487,6 @@ def _every_decoder_fusion(engine: Engine) -> dict | None:
 END_TO_END_VARIANTS = {
     # Nothing changed: what the first corpus run of a process paid.
     "again": ("the running path again (a second run)", lambda e: {}),
-    "fresh_host_buffers": ("fresh pinned host memory for every batch's copies (before)",
-                           lambda e: {"_host_buffers": HostBuffers(pinned=True, keep=0)}),
     "no_overlap": ("each batch handed on before the next is queued (before)",
                    lambda e: {"overlap_batches": False}),
     "fused_step": ("every decoder fusion", _every_decoder_fusion),

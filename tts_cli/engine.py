@@ -166,10 +166,6 @@ class Engine:
                          if settings.denoiser_strength > 0 else None)
         self.denoise_in_batches = True
         self.overlap_batches = OVERLAP_BATCHES
-        # With overlap_batches: copies to the host queued on the stream, into
-        # reused pinned buffers (CUDA); elsewhere plain synchronous copies.
-        self.asynchronous_copies = device.type == "cuda"
-        self._host_buffers = HostBuffers(pinned=device.type == "cuda")
 
     @property
     def hop_length(self) -> int:
@@ -235,23 +231,16 @@ class Engine:
         if self.denoiser is not None:
             audio = self._denoise(audio, frames * self.hop_length, counts)
         # One copy of the whole batch each: per-item copies would stall the stream.
-        if not (self.overlap_batches and self.asynchronous_copies):
-            return _Launched(jobs, audio.cpu(), mel.float().cpu(), counts, cut, None, [])
-        (audio, audio_buffer), (mel, mel_buffer) = (self._host_buffers.copy(audio),
-                                                    self._host_buffers.copy(mel.float()))
-        return _Launched(jobs, audio, mel, counts, cut, _record_event(self.device), [audio_buffer, mel_buffer])
+        overlap = self.overlap_batches and self.device.type == "cuda"
+        audio, mel = _to_host(audio, overlap), _to_host(mel.float(), overlap)
+        return _Launched(jobs, audio, mel, counts, cut, _record_event(self.device) if overlap else None)
 
     def _finish(self, launched: "_Launched") -> list[Result]:
         if launched.ready is not None:
             launched.ready.synchronize()
         audio, mel = launched.audio.numpy(), launched.mel.numpy()
-        # Views into reused buffers would change under the caller: copies.
-        own = (lambda a: a.copy()) if launched.buffers else (lambda a: a)
-        results = [Result(audio=own(audio[i, : n * self.hop_length]), mel=own(mel[i, :, :n]), frames=n,
-                          truncated=launched.cut[i]) for i, n in enumerate(launched.counts)]
-        for buffer in launched.buffers:
-            self._host_buffers.give_back(buffer)
-        return results
+        return [Result(audio=audio[i, : n * self.hop_length], mel=mel[i, :, :n], frames=n,
+                       truncated=launched.cut[i]) for i, n in enumerate(launched.counts)]
 
     def _denoise(self, audio: torch.Tensor, samples: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """The denoiser over a batch's audio, each item on its own samples:
@@ -406,45 +395,16 @@ class _Launched:
     counts: list[int]
     cut: list[bool]
     ready: object | None
-    buffers: list[torch.Tensor]   # HostBuffers' buffers under audio and mel, to give back
 
 
-class HostBuffers:
-    """Host buffers for the asynchronous copies, reused from batch to batch
-    (page-locked on CUDA): pinning fresh memory for every batch's copies
-    (cudaHostAlloc, tens of ms per 100 MB) slowed a first 2,000-line run by
-    about 10 % on an H200 (BENCHMARKS.md, run H). A buffer is taken for one
-    copy and given back once its contents have been copied out."""
-
-    KEEP = 4    # free buffers kept at most (two batches in flight take four)
-
-    def __init__(self, pinned: bool, keep: int = KEEP):
-        """``keep=0``: nothing is reused, every copy pins fresh memory (the
-        path before HostBuffers, which the bench measures against)."""
-        self.pinned = pinned
-        self.keep = keep
-        self._free: list[torch.Tensor] = []
-        self._lock = threading.Lock()
-
-    def copy(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(a host copy of ``tensor``, queued on the current stream and valid
-        once an event recorded after it has passed; the buffer under it)."""
-        nbytes = tensor.numel() * tensor.element_size()
-        # By index, never list.remove: == between tensors compares elements.
-        with self._lock:
-            fitting = [i for i, b in enumerate(self._free) if b.numel() >= nbytes]
-            buffer = self._free.pop(min(fitting, key=lambda i: self._free[i].numel())) if fitting else None
-        if buffer is None:   # a quarter to spare, so slowly growing batches rarely allocate
-            buffer = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, pin_memory=self.pinned)
-        host = buffer[:nbytes].view(tensor.dtype).view(tensor.shape)
-        host.copy_(tensor, non_blocking=self.pinned)
-        return host, buffer
-
-    def give_back(self, buffer: torch.Tensor) -> None:
-        with self._lock:
-            self._free.append(buffer)
-            self._free.sort(key=torch.Tensor.numel)
-            del self._free[: max(0, len(self._free) - self.keep)]   # the smallest go
+def _to_host(tensor: torch.Tensor, asynchronous: bool) -> torch.Tensor:
+    """A host copy; ``asynchronous``: into pinned memory, queued on the current
+    stream (valid once an event recorded after it has passed)."""
+    if not asynchronous:
+        return tensor.cpu()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
 
 
 def _halves(jobs: list[Job]) -> list[list[Job]]:
