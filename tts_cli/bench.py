@@ -188,7 +188,7 @@ class BenchSettings:
     corpus: Path = SAMPLE_CORPUS
     format: str = "ljspeech"
     lines: int | None = None          # first N lines; None = all
-    batch_size: int = 64
+    batch_size: int = 128
     baseline_lines: int = 20          # lines through the naive batch-of-one loop
     device: str | None = None
     precision: str | None = None

@@ -63,7 +63,7 @@ def main():
 @click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available]")
 @click.option("--precision", type=click.Choice(PRECISION_NAMES),
               help="[default: fp16 on CUDA, fp32 on CPU]")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Most lines per batch. [default: 64]")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Most lines per batch. [default: 128]")
 @click.option("--sigma", type=click.FloatRange(min=0), help="WaveGlow noise scale. [default: 0.666]")
 @click.option("--denoiser-strength", type=click.FloatRange(min=0),
               help="Denoiser strength; 0 disables it. [default: 0.01, as the reference; 0 for the demo voice]")
@@ -164,7 +164,7 @@ def _per_process(summary) -> str:
 @click.option("--format", "format_", type=click.Choice(CORPUS_FORMATS), default="ljspeech",
               show_default=True, help="Corpus format.")
 @click.option("--lines", type=click.IntRange(min=1), help="Use only the first N lines.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--baseline-lines", type=click.IntRange(min=1), default=20, show_default=True,
               help="Lines run through the naive batch-of-one loop for the speed-up ratio.")
 @click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available; under "

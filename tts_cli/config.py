@@ -36,7 +36,7 @@ class Settings:
     gate_threshold: float = 0.5         # stop where sigmoid(gate) > this
     prenet_dropout: float = 0.5         # the reference keeps it on at inference; 0 = deterministic
     seed: int | None = None             # run seed; None draws one (recorded in the manifest)
-    batch_size: int = 64                # most lines per batch
+    batch_size: int = 128               # most lines per batch (fastest on an H200, BENCHMARKS.md)
     sample_format: str = "pcm16"        # WAV subtype: pcm16 or float32
     save_mels: bool = False             # also write mels/<id>.npy
     format: str = "plain"               # corpus format: plain, ljspeech, tsv
