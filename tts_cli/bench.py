@@ -317,7 +317,7 @@ def _ready_engine(device: torch.device, dtype: torch.dtype, settings: Settings) 
     _sync(device)
     started = time.perf_counter()
     engine = Engine(*random_models(), device, dtype, synthesis_settings(settings))
-    _warm_up(engine)
+    _warm_up(engine, settings.batch_size)
     _sync(device)
     return engine, time.perf_counter() - started
 
@@ -405,9 +405,19 @@ def _first_lines(corpus: Path, n: int | None, to: Path | None = None) -> Path:
     return to
 
 
-def _warm_up(engine: Engine) -> None:
+def _warm_up(engine: Engine, batch_size: int) -> None:
+    """One short line alone, then a full batch of lines one to eight
+    sentences long through the threaded path a corpus takes. CUDA loads a
+    kernel's module when it is first used (lazy loading, its default) and
+    cuBLAS and cuDNN choose kernels by shape, so a line alone leaves most of
+    a full batch's kernels unloaded; the suspect for a first corpus run being
+    12-17 % slower than later ones (BENCHMARKS.md, runs J-L)."""
     ids = frontend.text_to_sequence("Warming up the engine.")
     engine.synthesize([Job(ids, seed=0, frames=40)])
+    batch = [Job(ids * (1 + i % 8), seed=i, frames=100) for i in range(batch_size)]
+    for _, results in engine.synthesize_all([batch]):
+        if isinstance(results, Exception):
+            raise results
 
 
 def _baseline(engine: Engine, b: BenchSettings, settings: Settings, tmp: Path) -> dict:
