@@ -23,6 +23,7 @@ import argparse
 import math
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def read_filelist(path: str | Path) -> list[tuple[str, str]]:
     return rows
 
 
-def cache_mels(data: Path, device: str) -> Path:
+def cache_mels(data: Path, device: str, readers: int = 8) -> Path:
     """Write ``data/mels.pt``: {id: fp16 (n_mel, frames)} for every listed WAV.
 
     fp16 keeps the cache small (the log mel spans about -11.5..+3, where fp16
@@ -133,11 +134,13 @@ def cache_mels(data: Path, device: str) -> Path:
     """
     extract = MelExtractor().to(device)
     ids = [uid for name in ("train.psv", "heldout.psv") for uid, _ in read_filelist(data / name)]
-    mels = {}
-    with torch.inference_mode():
-        for uid in ids:
-            audio = read_wav(data / "wavs" / f"{uid}.wav").to(device)
-            mels[uid] = extract(audio).half().cpu()
+    # WAVs are read ahead by a few threads (soundfile releases the GIL), and
+    # the mels stay on the device until all are made: one line at a time
+    # with a copy back each took 61-74 s for 12,500 lines on an H200 machine.
+    with ThreadPoolExecutor(readers) as pool, torch.inference_mode():
+        made = [extract(audio.to(device)).half()
+                for audio in pool.map(lambda uid: read_wav(data / "wavs" / f"{uid}.wav"), ids)]
+    mels = {uid: mel.cpu() for uid, mel in zip(ids, made)}
     out = data / "mels.pt"
     tmp = out.with_suffix(".tmp")
     torch.save(mels, tmp)
