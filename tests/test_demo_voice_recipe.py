@@ -488,3 +488,31 @@ def test_the_teacher_forced_evaluation_speaks_each_held_out_line_at_espeaks_leng
         frames = mels[uid].shape[1]
         assert rate == SR and len(clip) == frames * evaluate.HOP == record["lines"][uid]["frames"] * evaluate.HOP
         assert record["lines"][uid]["rms"] > 0
+
+
+def test_attention_path_measures_tell_a_clean_diagonal_from_a_loop_and_a_stall():
+    # evaluate.py attention's measures: a path straight through the text has no
+    # jumps and visits every symbol; one that loops back and stalls says so.
+    eye = torch.eye(10).repeat_interleave(3, 0)                  # 30 steps, 3 per symbol
+    clean = evaluate.path_measures(eye, 10)
+    assert clean == {"reaches_end": True, "jumps_back": 0, "skips_ahead": 0, "longest_stall": 3,
+                     "symbols_visited": 1.0, "peak_weight": 1.0}
+    order = [0, 1, 2, 3, 4, 5, 1, 2, 3] + [9] * 12                # back to 1, on to 9, stays there
+    looping = evaluate.path_measures(torch.eye(10)[order] * 0.5, 10)
+    assert looping["jumps_back"] == 1 and looping["skips_ahead"] == 1 and looping["longest_stall"] == 12
+    assert looping["symbols_visited"] == 0.7 and looping["peak_weight"] == 0.5
+    stuck = evaluate.path_measures(torch.eye(10)[[0, 1, 2, 3] * 5], 10)
+    assert not stuck["reaches_end"] and stuck["jumps_back"] == 4
+
+
+def test_the_attention_evaluation_measures_both_paths_of_every_held_out_line(tone_data, tmp_path):
+    _train_t2(tone_data, tmp_path / "t2", 1)
+    out = tmp_path / "attention"
+    assert evaluate.main(["attention", "--data", str(tone_data), "--out", str(out), "--device", "cpu",
+                          "--tacotron2", str(tmp_path / "t2" / "demo_tacotron2.pt")]) == 0
+    record = json.loads((out / "attention.json").read_text())
+    held = [uid for uid, _ in mel.read_filelist(tone_data / "heldout.psv")]
+    assert sorted(record["lines"]) == sorted(held)
+    for line in record["lines"].values():
+        for way in ("teacher_forced", "free_running"):
+            assert 0 < line[way]["symbols_visited"] <= 1 and 0 < line[way]["peak_weight"] <= 1

@@ -17,6 +17,12 @@ Two steps, so the speech recognizer need not travel to the GPU machine:
            output through WaveGlow, same layout: between ``vocode`` and
            ``synth``, it tells what predicting frames costs from what
            running on its own output (alignment) costs.
+``attention`` each held-out line's attention path teacher-forced (as
+           ``forced``) and free-running (tts_cli's own decode, as ``synth``):
+           whether it reaches the text's end, its jumps back and skips ahead,
+           its longest stall, the share of symbols it visits, and how peaked
+           it is; ``OUT/attention.json``. Tells an alignment that loops or
+           skips from frames that go wrong on a sound path.
 ``score``  gate stop rate; each line's duration against espeak-ng's WAV of the
            same line; and, when faster-whisper is installed, the word error
            rate of both the demo voice and espeak-ng under the same recognizer
@@ -175,6 +181,65 @@ def _from_espeak_mels(args, waveglow: WaveGlow, to_mel, about: dict) -> dict:
 
 
 # --------------------------------------------------------------------------
+# attention
+
+
+def path_measures(alignment: torch.Tensor, symbols: int) -> dict:
+    """One attention path, (steps, symbols) weights: its argmax's jumps back
+    of more than 2 symbols and skips ahead of more than 3, its longest stay
+    on one symbol (frames), whether it gets within 3 symbols of the end, the
+    share of symbols it visits and its mean peak weight."""
+    at = alignment.argmax(-1).tolist()
+    steps = list(zip(at, at[1:]))
+    longest = run = 1
+    for a, b in steps:
+        run = run + 1 if a == b else 1
+        longest = max(longest, run)
+    return {"reaches_end": max(at) >= symbols - 3, "jumps_back": sum(b < a - 2 for a, b in steps),
+            "skips_ahead": sum(b > a + 3 for a, b in steps), "longest_stall": longest,
+            "symbols_visited": len(set(at)) / symbols, "peak_weight": float(alignment.max(-1).values.mean())}
+
+
+@torch.inference_mode()
+def attention(args) -> dict:
+    import train_tacotron2   # the recipe's teacher-forced pass
+    tacotron2 = Tacotron2.from_state_dict(checkpoints.load_tacotron2_weights(args.tacotron2)).to(args.device)
+    tacotron2.eval()
+    extract = MelExtractor().to(args.device)
+    settings = DecodeSettings(max_decoder_steps=args.max_decoder_steps)
+    # tts_cli's decode keeps no attention weights: record each step's.
+    step, recorded = tacotron2.decoder.step, []
+
+    def recording_step(*inputs, **options):
+        state, gate = step(*inputs, **options)
+        recorded.append(state.attention_weights[0].float())
+        return state, gate
+
+    tacotron2.decoder.step = recording_step
+    lines = {}
+    for i, (uid, text) in enumerate(held_out(args)):
+        ids = torch.tensor([frontend.text_to_sequence(text)], device=args.device)
+        lengths = torch.tensor([ids.shape[1]], device=args.device)
+        mel = extract(read_wav(args.data / "wavs" / f"{uid}.wav").to(args.device))[None]
+        torch.manual_seed(args.seed + i)   # the prenet's dropout
+        forced = train_tacotron2.forward(tacotron2, ids, lengths, mel,
+                                         torch.tensor([mel.shape[2]], device=args.device))["alignments"][0]
+        recorded.clear()
+        _, frames, _ = decode(tacotron2, ids, lengths, torch.tensor([args.seed + i], device=args.device), settings)
+        free = torch.stack(recorded[: int(frames[0])])
+        lines[uid] = {"teacher_forced": path_measures(forced.float(), ids.shape[1]),
+                      "free_running": path_measures(free, ids.shape[1])}
+    means = {way: {k: statistics.mean(float(line[way][k]) for line in lines.values())
+                   for k in next(iter(lines.values()))[way]} for way in ("teacher_forced", "free_running")}
+    record = {"tacotron2": str(args.tacotron2), "means": means, "lines": lines}
+    (args.out / "attention.json").write_text(json.dumps(record, indent=1))
+    print("| attention path, mean over lines | teacher-forced | free-running |\n|---|---|---|")
+    for k in means["teacher_forced"]:
+        print(f"| {k.replace('_', ' ')} | {means['teacher_forced'][k]:.3g} | {means['free_running'][k]:.3g} |")
+    return record
+
+
+# --------------------------------------------------------------------------
 # score
 
 
@@ -267,7 +332,7 @@ def markdown(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("step", choices=("synth", "vocode", "forced", "score"))
+    p.add_argument("step", choices=("synth", "vocode", "forced", "attention", "score"))
     p.add_argument("--data", type=Path, required=True, help="folder made by make_data.py")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tacotron2", type=Path, default=Path("checkpoints/demo_tacotron2.pt"))
@@ -282,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lines", type=int, default=0, help="only the first N held-out lines (quick checks)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    {"synth": synth, "vocode": vocode, "forced": forced, "score": score}[args.step](args)
+    {"synth": synth, "vocode": vocode, "forced": forced, "attention": attention,
+     "score": score}[args.step](args)
     return 0
 
 
