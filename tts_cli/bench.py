@@ -411,9 +411,12 @@ def _warm_up(engine: Engine, batch_size: int) -> None:
     kernel's module when it is first used (lazy loading, its default) and
     cuBLAS and cuDNN choose kernels by shape, so a line alone leaves most of
     a full batch's kernels unloaded; the suspect for a first corpus run being
-    12-17 % slower than later ones (BENCHMARKS.md, runs J-L)."""
+    12-17 % slower than later ones (BENCHMARKS.md, runs J-L). On CPU the
+    line alone (nothing loads lazily there)."""
     ids = frontend.text_to_sequence("Warming up the engine.")
     engine.synthesize([Job(ids, seed=0, frames=40)])
+    if engine.device.type != "cuda":
+        return
     batch = [Job(ids * (1 + i % 8), seed=i, frames=100) for i in range(batch_size)]
     for _, results in engine.synthesize_all([batch]):
         if isinstance(results, Exception):
