@@ -71,6 +71,19 @@ def test_end_to_end_only_measures_the_corpus_run_and_nothing_else(tmp_path, monk
     assert "GPU busy" not in output and "naive batch-1 loop" not in output
 
 
+def test_repeat_reports_each_later_run_of_the_corpus_in_the_same_process(tmp_path, monkeypatch):
+    # --repeat 3: the first run is the headline, the two after it are listed
+    # (a process's first run on a GPU is the slower one).
+    monkeypatch.setattr(bench, "random_models", tiny_random_models)
+    json_path = tmp_path / "repeat.json"
+    result = CliRunner().invoke(main, [*bench_arguments(corpus_file(tmp_path), json_path),
+                                       "--end-to-end-only", "--repeat", "3", "--warm-up", "line"])
+    assert result.exit_code == 0, result.output
+    later = json.loads(json_path.read_text())["later_runs_audio_seconds_per_second"]
+    assert len(later) == 2 and all(speed > 0 for speed in later)
+    assert "| later runs in the same process (--repeat): audio s per wall s |" in result.output
+
+
 def test_two_processes_share_the_corpus_and_rank_0_alone_reports(tmp_path, monkeypatch):
     corpus = corpus_file(tmp_path)
     _, alone = bench_in_one_process(monkeypatch, corpus, tmp_path / "one.json")

@@ -193,6 +193,8 @@ class BenchSettings:
     device: str | None = None
     precision: str | None = None
     end_to_end_only: bool = False     # only the corpus run, as under torchrun
+    repeat: int = 1                   # with end_to_end_only: corpus runs in this process
+    warm_up: str = "batch"            # see WARM_UPS
 
 
 SKIPPED_UNDER_TORCHRUN = (
@@ -207,7 +209,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
     precision = settings.precision
     corpus = _first_lines(b.corpus, b.lines)
     echo(_banner(b, device, precision))
-    engine, startup = _ready_engine(device, dtype, settings)
+    engine, startup = _ready_engine(device, dtype, settings, b.warm_up)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -216,7 +218,10 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         summary = _corpus_run(settings, corpus, Path(tmp) / "out", engine)
         first_run = _one_off_costs(engine, device, before, "first_run")
         if b.end_to_end_only:
-            return {**end_to_end_result(b, device, settings, summary, startup), **first_run}
+            later = [_corpus_run(settings, corpus, Path(tmp) / f"out{i}", engine).speed
+                     for i in range(1, b.repeat)]
+            return {**end_to_end_result(b, device, settings, summary, startup), **first_run,
+                    **({"later_runs_audio_seconds_per_second": [round(x, 1) for x in later]} if later else {})}
         peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
         window = _first_lines(b.corpus, min(4 * b.batch_size, summary.counts["ok"] or 1), Path(tmp) / "w.txt")
         busy = _busy_window(settings, window, Path(tmp) / "busy", engine)
@@ -267,7 +272,7 @@ def run_bench_processes(b: BenchSettings, group: Group, echo=print) -> dict | No
     if group.rank == 0:
         echo(_banner(b, device, settings.precision))
         echo(SKIPPED_UNDER_TORCHRUN)
-    engine, startup = _ready_engine(device, dtype, settings)
+    engine, startup = _ready_engine(device, dtype, settings, b.warm_up)
     with _shared_temporary_directory(group) as tmp:
         distributed.barrier()   # every engine is warm: the wall time starts alike for all
         summary = _corpus_run(settings, corpus, tmp / "out", engine, group)
@@ -312,12 +317,13 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def _ready_engine(device: torch.device, dtype: torch.dtype, settings: Settings) -> tuple[Engine, float]:
-    """An engine on random_models(), warmed up, and the seconds that took."""
+def _ready_engine(device: torch.device, dtype: torch.dtype, settings: Settings,
+                  warm_up: str = "batch") -> tuple[Engine, float]:
+    """An engine on random_models(), warmed up (WARM_UPS), and the seconds that took."""
     _sync(device)
     started = time.perf_counter()
     engine = Engine(*random_models(), device, dtype, synthesis_settings(settings))
-    _warm_up(engine, settings.batch_size)
+    _warm_up(engine, settings.batch_size if warm_up == "batch" else 0)
     _sync(device)
     return engine, time.perf_counter() - started
 
@@ -405,8 +411,13 @@ def _first_lines(corpus: Path, n: int | None, to: Path | None = None) -> Path:
     return to
 
 
+# What the bench runs before its clock starts: "line", one short line alone
+# (the warm-up until the seventh session); "batch", that and then a full batch.
+WARM_UPS = ("line", "batch")
+
+
 def _warm_up(engine: Engine, batch_size: int) -> None:
-    """One short line alone, then a full batch of lines one to eight
+    """One short line alone, then (batch_size > 0) a full batch of lines one to eight
     sentences long through the threaded path a corpus takes. CUDA loads a
     kernel's module when it is first used (lazy loading, its default) and
     cuBLAS and cuDNN choose kernels by shape, so a line alone leaves most of
@@ -415,7 +426,7 @@ def _warm_up(engine: Engine, batch_size: int) -> None:
     line alone (nothing loads lazily there)."""
     ids = frontend.text_to_sequence("Warming up the engine.")
     engine.synthesize([Job(ids, seed=0, frames=40)])
-    if engine.device.type != "cuda":
+    if engine.device.type != "cuda" or batch_size == 0:
         return
     batch = [Job(ids * (1 + i % 8), seed=i, frames=100) for i in range(batch_size)]
     for _, results in engine.synthesize_all([batch]):
@@ -693,6 +704,7 @@ END_TO_END_TABLE = [
     ("audio seconds per wall second per process", "audio_seconds_per_second_per_process", "{:.1f}"),
     ("startup s (build, warm-up; the slowest process)", "startup_seconds", "{:.1f}"),
     *FIRST_RUN_ROWS,
+    ("later runs in the same process (--repeat): audio s per wall s", "later_runs_audio_seconds_per_second", "{}"),
 ]
 
 

@@ -175,9 +175,14 @@ def _per_process(summary) -> str:
 @click.option("--end-to-end-only", is_flag=True,
               help="Only the corpus run end to end (audio seconds per wall second, startup): "
                    "the one-GPU figure to compare a torchrun bench with.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --end-to-end-only: run the corpus this many times in the process and also "
+                   "report the later runs (a process's first run is slower).")
+@click.option("--warm-up", "warm_up", type=click.Choice(["line", "batch"]), default="batch", show_default=True,
+              help="Before the clock starts: one line alone, or that and one full batch (CUDA).")
 @click.option("--profile", is_flag=True, help="Only print where WaveGlow's GPU time goes, by kernel.")
 def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision, json_path,
-          end_to_end_only, profile):
+          end_to_end_only, repeat, warm_up, profile):
     """Benchmark on random full-size weights (no download): one run, one table.
 
     \b
@@ -200,7 +205,8 @@ def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision,
         fatal(str(e))
     settings = BenchSettings(corpus=corpus or SAMPLE_CORPUS, format=format_, lines=lines,
                              batch_size=batch_size, baseline_lines=baseline_lines,
-                             device=device, precision=precision, end_to_end_only=end_to_end_only)
+                             device=device, precision=precision, end_to_end_only=end_to_end_only,
+                             repeat=repeat, warm_up=warm_up)
     if group is not None:
         _bench_processes(settings, group, json_path)
         return
