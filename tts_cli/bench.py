@@ -194,7 +194,7 @@ class BenchSettings:
     precision: str | None = None
     end_to_end_only: bool = False     # only the corpus run, as under torchrun
     repeat: int = 1                   # with end_to_end_only: corpus runs in this process
-    warm_up: str = "batch"            # see WARM_UPS
+    warm_up: str = "batch"            # one of BENCH_WARM_UPS
 
 
 SKIPPED_UNDER_TORCHRUN = (
@@ -319,7 +319,7 @@ def _device_name(device: torch.device) -> str:
 
 def _ready_engine(device: torch.device, dtype: torch.dtype, settings: Settings,
                   warm_up: str = "batch") -> tuple[Engine, float]:
-    """An engine on random_models(), warmed up (WARM_UPS), and the seconds that took."""
+    """An engine on random_models(), warmed up (BENCH_WARM_UPS), and the seconds that took."""
     _sync(device)
     started = time.perf_counter()
     engine = Engine(*random_models(), device, dtype, synthesis_settings(settings))
@@ -409,11 +409,6 @@ def _first_lines(corpus: Path, n: int | None, to: Path | None = None) -> Path:
     with open(corpus, "rb") as f:
         to.write_bytes(b"".join(line for _, line in zip(range(n), f)))
     return to
-
-
-# What the bench runs before its clock starts: "line", one short line alone
-# (the warm-up until the seventh session); "batch", that and then a full batch.
-WARM_UPS = ("line", "batch")
 
 
 def _warm_up(engine: Engine, batch_size: int) -> None:

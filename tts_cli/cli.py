@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from tts_cli.config import (CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, SAMPLE_FORMATS,
-                            ConfigError, load_settings)
+from tts_cli.config import (BENCH_WARM_UPS, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES,
+                            SAMPLE_FORMATS, ConfigError, load_settings)
 
 EXIT_LINE_ERRORS = 1
 EXIT_USAGE = 2
@@ -178,7 +178,8 @@ def _per_process(summary) -> str:
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --end-to-end-only: run the corpus this many times in the process and also "
                    "report the later runs (a process's first run is slower).")
-@click.option("--warm-up", "warm_up", type=click.Choice(["line", "batch"]), default="batch", show_default=True,
+@click.option("--warm-up", "warm_up", type=click.Choice(BENCH_WARM_UPS), default="batch",
+              show_default=True,
               help="Before the clock starts: one line alone, or that and one full batch (CUDA).")
 @click.option("--profile", is_flag=True, help="Only print where WaveGlow's GPU time goes, by kernel.")
 def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision, json_path,
