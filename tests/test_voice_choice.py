@@ -116,6 +116,17 @@ def test_with_neither_voice_the_error_says_where_to_get_nvidias(workdir, demo_fi
     assert not (workdir / "out" / "wavs").exists()
 
 
+def test_the_error_names_every_folder_it_looked_in(workdir, monkeypatch):
+    # ./checkpoints, then the source tree's: a user who put the files in the
+    # second one must see that it was searched too.
+    second = workdir / "source" / "checkpoints"
+    second.mkdir(parents=True)
+    monkeypatch.setattr("tts_cli.voice.checkpoint_dirs", lambda: [workdir / "checkpoints", second])
+    result = synth()
+    assert result.exit_code == 2
+    assert f"{workdir / 'checkpoints'} or {second};" in result.output
+
+
 def test_given_checkpoints_never_mix_with_the_demo_voice(workdir, demo_files, tiny_checkpoints):
     put(workdir, demo_files, *DEMO_FILES)
     tacotron2, waveglow = tiny_checkpoints

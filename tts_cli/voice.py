@@ -100,8 +100,9 @@ def _look_for(name: str) -> Path | None:
 
 def _missing(kind: str):
     name = PUBLISHED_FILES[kind]
-    raise FatalError(f"no --{kind} given and no {name} in {checkpoint_dirs()[0]}; "
-                     f"put {WHERE_TO_GET[kind]} there as {name}, or pass --{kind} PATH")
+    searched = " or ".join(str(folder) for folder in checkpoint_dirs())
+    raise FatalError(f"no --{kind} given and no {name} in {searched}; put {WHERE_TO_GET[kind]} "
+                     f"in {checkpoint_dirs()[0]} as {name}, or pass --{kind} PATH")
 
 
 def _demo_notice(demo: dict[str, Path], published: dict[str, Path | None]) -> str:
