@@ -68,9 +68,12 @@ TARGETS = {"stop_rate": 0.98, "wer_ratio": 1.5}
 
 
 def load_voice(tacotron2_path: Path, waveglow_path: Path, device: str) -> tuple[Tacotron2, WaveGlow]:
-    tacotron2 = Tacotron2.from_state_dict(checkpoints.load_tacotron2_weights(tacotron2_path))
     waveglow = WaveGlow.from_state_dict(checkpoints.load_waveglow_weights(waveglow_path))
-    return tacotron2.to(device), waveglow.to(device)
+    return load_tacotron2(tacotron2_path, device), waveglow.to(device)
+
+
+def load_tacotron2(path: Path, device: str) -> Tacotron2:
+    return Tacotron2.from_state_dict(checkpoints.load_tacotron2_weights(path)).to(device)
 
 
 @torch.inference_mode()
@@ -140,19 +143,26 @@ def vocode(args) -> dict:
 
 @torch.inference_mode()
 def forced(args) -> dict:
-    import train_tacotron2   # the recipe's teacher-forced pass
     tacotron2, waveglow = load_voice(args.tacotron2, args.waveglow, args.device)
     tacotron2.eval()
 
     def teacher_forced(i: int, text: str, mel: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
-        ids = torch.tensor([frontend.text_to_sequence(text)], device=args.device)
-        torch.manual_seed(args.seed + i)   # the prenet's dropout
-        lengths = torch.tensor([ids.shape[1]], device=args.device)
-        return train_tacotron2.forward(tacotron2, ids, lengths, mel, frames)["post"]
+        return _teacher_forced(tacotron2, text, mel, frames, args.seed + i)["post"]
 
     return _from_espeak_mels(args, waveglow, teacher_forced,
                              {"tacotron2": str(args.tacotron2), "waveglow": str(args.waveglow),
                               "teacher_forced": True})
+
+
+def _teacher_forced(tacotron2: Tacotron2, text: str, mel: torch.Tensor, frames: torch.Tensor,
+                    seed: int) -> dict[str, torch.Tensor]:
+    """The recipe's teacher-forced pass over one line (``mel`` (1, n_mel, F)
+    espeak-ng's), its prenet dropout drawn from ``seed``."""
+    import train_tacotron2
+    device = mel.device
+    ids = torch.tensor([frontend.text_to_sequence(text)], device=device)
+    torch.manual_seed(seed)
+    return train_tacotron2.forward(tacotron2, ids, torch.tensor([ids.shape[1]], device=device), mel, frames)
 
 
 def _from_espeak_mels(args, waveglow: WaveGlow, to_mel, about: dict) -> dict:
@@ -202,8 +212,7 @@ def path_measures(alignment: torch.Tensor, symbols: int) -> dict:
 
 @torch.inference_mode()
 def attention(args) -> dict:
-    import train_tacotron2   # the recipe's teacher-forced pass
-    tacotron2 = Tacotron2.from_state_dict(checkpoints.load_tacotron2_weights(args.tacotron2)).to(args.device)
+    tacotron2 = load_tacotron2(args.tacotron2, args.device)
     tacotron2.eval()
     extract = MelExtractor().to(args.device)
     settings = DecodeSettings(max_decoder_steps=args.max_decoder_steps)
@@ -221,9 +230,8 @@ def attention(args) -> dict:
         ids = torch.tensor([frontend.text_to_sequence(text)], device=args.device)
         lengths = torch.tensor([ids.shape[1]], device=args.device)
         mel = extract(read_wav(args.data / "wavs" / f"{uid}.wav").to(args.device))[None]
-        torch.manual_seed(args.seed + i)   # the prenet's dropout
-        forced = train_tacotron2.forward(tacotron2, ids, lengths, mel,
-                                         torch.tensor([mel.shape[2]], device=args.device))["alignments"][0]
+        espeak_frames = torch.tensor([mel.shape[2]], device=args.device)
+        forced = _teacher_forced(tacotron2, text, mel, espeak_frames, args.seed + i)["alignments"][0]
         recorded.clear()
         _, frames, _ = decode(tacotron2, ids, lengths, torch.tensor([args.seed + i], device=args.device), settings)
         free = torch.stack(recorded[: int(frames[0])])
