@@ -102,15 +102,18 @@ class CapturedStep:
     clipping, optimizer), captured once into a CUDA graph over the static
     tensors ``inputs``; fill them and ``replay()``. Eagerly a step launches
     thousands of small kernels from Python and the GPU mostly waits; replayed,
-    the same kernels run back to back."""
+    the same kernels run back to back. Graphs given one ``pool`` share their
+    memory: safe when they replay one at a time and each replay's outputs are
+    read before the next (every tensor that lives across replays, inputs,
+    weights, optimizer state, was allocated outside the pool)."""
 
-    def __init__(self, step, inputs: dict, optimizer: torch.optim.Optimizer):
+    def __init__(self, step, inputs: dict, optimizer: torch.optim.Optimizer, pool=None):
         # The graph allocates its own gradients; set_to_none keeps this capture
         # from adding into another graph's (or the warm-up's).
         optimizer.zero_grad(set_to_none=True)
         self.inputs = inputs
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.outputs = step(inputs)
 
     def replay(self):

@@ -342,6 +342,10 @@ class CapturedSteps:
         for bucket in sorted(self.text_for_bucket):       # longer frames -> at least as long text
             longest = self.text_for_bucket[bucket] = max(longest, self.text_for_bucket[bucket])
         self.graphs: dict[int, common.CapturedStep] = {}
+        # One memory pool for all buckets' graphs: with a pool each, batch 512
+        # ran out of 139 GiB after a few buckets (eighth session); shared, the
+        # largest bucket's step sets the peak.
+        self.pool = None
 
     def bucket_of(self, frames: int) -> int:
         return -(-frames // self.bucket_frames) * self.bucket_frames
@@ -351,7 +355,10 @@ class CapturedSteps:
         ids, lengths, mels, mel_lengths = self.data.batch(items, "cpu")
         bucket = self.bucket_of(mels.shape[2])
         if bucket not in self.graphs:
-            self.graphs[bucket] = common.CapturedStep(self._step, self._inputs(bucket), self.optimizer)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            self.graphs[bucket] = common.CapturedStep(self._step, self._inputs(bucket), self.optimizer,
+                                                      self.pool)
         captured = self.graphs[bucket]
         inputs = captured.inputs
         inputs["ids"].zero_()[:, : ids.shape[1]].copy_(ids)
