@@ -332,13 +332,18 @@ def _one_off_counters(engine: Engine, device: torch.device) -> dict:
     """Counters of the work a corpus run does once per process rather than
     once per batch: decoder graphs captured (and the seconds that took),
     Triton kernel variants compiled or loaded, cudaMalloc calls by the
-    caching allocator."""
+    caching allocator, pinned host blocks allocated by the caching host
+    allocator (cudaHostAlloc; None where torch cannot count them)."""
     graphed = engine.graphed
+    on_cuda = device.type == "cuda"
+    host_stats = getattr(torch.cuda, "host_memory_stats", None)
     return {"graph_captures": len(graphed.graphs) if graphed else 0,
             "graph_capture_seconds": graphed.capture_seconds if graphed else 0.0,
             "triton_compiled_kernels": kernels.compiled_kernels(),
             "device_allocations": (torch.cuda.memory_stats(device).get("num_device_alloc", 0)
-                                   if device.type == "cuda" else 0)}
+                                   if on_cuda else 0),
+            "host_allocations": ((host_stats().get("num_host_alloc") if host_stats else None)
+                                 if on_cuda else 0)}
 
 
 def _one_off_costs(engine: Engine, device: torch.device, before: dict, key: str) -> dict:
@@ -655,6 +660,7 @@ FIRST_RUN_ROWS = [
     ("first corpus run: seconds capturing them", "first_run_graph_capture_seconds", "{:.2f}"),
     ("first corpus run: Triton kernel variants compiled or loaded", "first_run_triton_compiled_kernels", "{}"),
     ("first corpus run: cudaMalloc calls", "first_run_device_allocations", "{}"),
+    ("first corpus run: pinned host blocks allocated (cudaHostAlloc)", "first_run_host_allocations", "{}"),
 ]
 
 
