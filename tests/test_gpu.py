@@ -277,19 +277,3 @@ def test_queueing_the_next_batch_early_gives_the_same_files_in_the_same_order_on
         assert jobs_a == jobs_b
         for a, b in zip(out_a, out_b, strict=True):
             assert a.frames == b.frames and rel(a.audio, b.audio) < 1e-3 and rel(a.mel, b.mel) < 1e-3
-
-
-def test_a_run_copies_to_the_host_through_pinned_blocks_pinned_before_it_started():
-    # Per-batch pinned blocks made a process's first 2,000-line run pin 33 of
-    # them under a driver lock and run 7-11 % slower (BENCHMARKS.md, run M).
-    e = engine(torch.float16)
-    batches = [[job] for job in jobs()] + [jobs()]      # three lengths, two batch sizes
-    e._prime_host_blocks(batches)
-    before = torch.cuda.host_memory_stats()["num_host_alloc"]
-    results = list(e.synthesize_all(batches))
-    assert torch.cuda.host_memory_stats()["num_host_alloc"] == before
-    # the blocks are reused across batches: each result still holds its own audio
-    alone = [out[0] for _, out in results[:3]]
-    for job, single, together in zip(batches[3], alone, results[3][1], strict=True):
-        assert together.frames == single.frames == job.frames
-        assert rel(together.audio, single.audio) < 5e-2

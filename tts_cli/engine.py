@@ -134,15 +134,6 @@ WAVEGLOW_KERNELS = "matmul_paired"
 OVERLAP_BATCHES = True
 # The denoiser's spectra for at most this many bytes of a batch at once.
 DENOISER_SLICE_BYTES = 2 ** 30
-# Those host copies go into pinned blocks of one size per synthesize_all, the
-# largest copy any of its batches can need: the caching host allocator reuses
-# a freed block only for a request of the same (power-of-two) size, so sized
-# per batch, a process's first 2,000-line run pinned 33 new blocks
-# (cudaHostAlloc: 1.0 s, under a driver lock the other thread's calls waited
-# on) and its second run none; the first ran 7-11 % slower (H200,
-# BENCHMARKS.md, run M). This many blocks of each size are pinned and
-# released before the stages start: about as many as a run holds at once.
-PRIMED_HOST_BLOCKS = 6
 
 
 class Engine:
@@ -179,8 +170,6 @@ class Engine:
                          if settings.denoiser_strength > 0 else None)
         self.denoise_in_batches = True
         self.overlap_batches = OVERLAP_BATCHES
-        # elements of the pinned blocks for a batch's (audio, mel) host copies
-        self.host_block_numels = (0, 0)
 
     @property
     def hop_length(self) -> int:
@@ -247,8 +236,7 @@ class Engine:
             audio = self._denoise(audio, frames * self.hop_length, counts)
         # One copy of the whole batch each: per-item copies would stall the stream.
         overlap = self.overlap_batches and self.device.type == "cuda"
-        audio_numel, mel_numel = self.host_block_numels
-        audio, mel = _to_host(audio, overlap, audio_numel), _to_host(mel.float(), overlap, mel_numel)
+        audio, mel = _to_host(audio, overlap), _to_host(mel.float(), overlap)
         return _Launched(jobs, audio, mel, counts, cut, _record_event(self.device) if overlap else None)
 
     def _finish(self, launched: "_Launched") -> list[Result]:
@@ -288,7 +276,6 @@ class Engine:
         alone comes back with the error. Once ``stop`` is set no new batch
         starts; batches already started still come out."""
         batches = list(batches)
-        self._prime_host_blocks(batches)
         if self.graphed is not None:
             self.graphed.prepare({(len(jobs), max(len(j.ids) for j in jobs)) for jobs in batches})
         decoded: queue.Queue = queue.Queue(maxsize=depth)
@@ -305,22 +292,6 @@ class Engine:
         # without an active exception", exit status 134) in about 1 run of 15.
         for thread in stages:
             thread.join()
-
-    def _prime_host_blocks(self, batches: list[list[Job]]) -> None:
-        """Size the pinned blocks for the host copies of ``batches`` (their
-        most lines at once, each at its forced length or the decoder's step
-        limit) and pin up to PRIMED_HOST_BLOCKS of each size, released at once
-        into the caching host allocator, where the copies will find them."""
-        if not (self.overlap_batches and self.device.type == "cuda" and batches):
-            return
-        limit = self.settings.decode.max_decoder_steps
-        rows = max(len(jobs) for jobs in batches)
-        frames = max(job.frames or limit for jobs in batches for job in jobs)
-        self.host_block_numels = (rows * frames * self.hop_length,
-                                  rows * self.tacotron2.dims.n_mel * frames)
-        blocks = [torch.empty(numel, pin_memory=True) for numel in self.host_block_numels
-                  for _ in range(min(len(batches), PRIMED_HOST_BLOCKS))]
-        del blocks
 
     def _stream(self):
         if self.device.type != "cuda":
@@ -436,14 +407,12 @@ class _Launched:
     ready: object | None
 
 
-def _to_host(tensor: torch.Tensor, asynchronous: bool, block_numel: int = 0) -> torch.Tensor:
-    """A host copy; ``asynchronous``: into the start of a pinned block of at
-    least ``block_numel`` elements, queued on the current stream (valid once an
-    event recorded after it has passed)."""
+def _to_host(tensor: torch.Tensor, asynchronous: bool) -> torch.Tensor:
+    """A host copy; ``asynchronous``: into pinned memory, queued on the current
+    stream (valid once an event recorded after it has passed)."""
     if not asynchronous:
         return tensor.cpu()
-    block = torch.empty(max(tensor.numel(), block_numel), dtype=tensor.dtype, pin_memory=True)
-    host = block[: tensor.numel()].view(tensor.shape)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     host.copy_(tensor, non_blocking=True)
     return host
 
