@@ -198,6 +198,9 @@ def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision,
     from tts_cli.bench import (SAMPLE_CORPUS, BenchSettings, format_end_to_end_table, format_table,
                                run_bench, write_json)
 
+    if repeat > 1 and not end_to_end_only:
+        fatal("--repeat needs --end-to-end-only (the full bench runs the corpus once and measures "
+              "its second run as the variant 'the running path again').")
     try:
         group = distributed.from_environment()
         if group is not None:
