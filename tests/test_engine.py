@@ -91,3 +91,16 @@ def test_a_finished_run_leaves_none_of_its_threads_behind(monkeypatch):
     batches = [[Job([12, 13, 14] * (1 + i), seed=i, frames=5) for i in range(3)] for _ in range(3)]
     assert len(list(engine.synthesize_all(batches))) == 3
     assert not [t for t in threading.enumerate() if t.name.startswith("tts-") and t.is_alive()]
+
+
+def test_without_return_mels_the_audio_is_the_same_and_no_mel_comes_back():
+    # the pipeline asks for mels only with --save-mels; leaving them on the
+    # device must not change a line's audio
+    with_mels = make_engine()
+    without = Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"), torch.float32,
+                     SynthesisSettings(decode=DecodeSettings(max_decoder_steps=30), return_mels=False))
+    jobs = [Job([20, 31, 42, 17, 9], seed=3, frames=6), Job([12, 13, 14], seed=4, frames=4)]
+    for a, b in zip(with_mels.synthesize(jobs), without.synthesize(jobs), strict=True):
+        assert b.mel is None and a.mel.shape == (16, a.frames)
+        assert b.frames == a.frames
+        np.testing.assert_array_equal(a.audio, b.audio)

@@ -96,6 +96,10 @@ class SynthesisSettings:
     denoiser_strength: float = 0.01
     decode: DecodeSettings = DecodeSettings()
     waveglow_memory_gib: float = 15.0   # WaveGlow's activations at once; a batch runs in slices within it
+    # Result.mel filled in. Off, the mels stay on the device: their host copy
+    # was a third of the audio's bytes and half the pinned blocks of a run
+    # (the pipeline asks for them only with --save-mels).
+    return_mels: bool = True
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,7 @@ class Job:
 @dataclass(frozen=True)
 class Result:
     audio: np.ndarray       # (samples,) float32, samples = frames * hop
-    mel: np.ndarray         # (n_mel, frames) float32, the postnet mel
+    mel: np.ndarray | None  # (n_mel, frames) float32, the postnet mel; None unless return_mels
     frames: int
     truncated: bool         # hit max_decoder_steps without the gate firing
 
@@ -236,15 +240,17 @@ class Engine:
             audio = self._denoise(audio, frames * self.hop_length, counts)
         # One copy of the whole batch each: per-item copies would stall the stream.
         overlap = self.overlap_batches and self.device.type == "cuda"
-        audio, mel = _to_host(audio, overlap), _to_host(mel.float(), overlap)
+        audio = _to_host(audio, overlap)
+        mel = _to_host(mel.float(), overlap) if self.settings.return_mels else None
         return _Launched(jobs, audio, mel, counts, cut, _record_event(self.device) if overlap else None)
 
     def _finish(self, launched: "_Launched") -> list[Result]:
         if launched.ready is not None:
             launched.ready.synchronize()
-        audio, mel = launched.audio.numpy(), launched.mel.numpy()
-        return [Result(audio=audio[i, : n * self.hop_length], mel=mel[i, :, :n], frames=n,
-                       truncated=launched.cut[i]) for i, n in enumerate(launched.counts)]
+        audio = launched.audio.numpy()
+        mel = launched.mel.numpy() if launched.mel is not None else None
+        return [Result(audio=audio[i, : n * self.hop_length], mel=mel[i, :, :n] if mel is not None else None,
+                       frames=n, truncated=launched.cut[i]) for i, n in enumerate(launched.counts)]
 
     def _denoise(self, audio: torch.Tensor, samples: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """The denoiser over a batch's audio, each item on its own samples:
@@ -401,7 +407,7 @@ class _Launched:
     ``ready`` (None: the copies were synchronous) has passed."""
     jobs: list[Job]
     audio: torch.Tensor     # host (B, F*hop) float32
-    mel: torch.Tensor       # host (B, n_mel, F) float32
+    mel: torch.Tensor | None  # host (B, n_mel, F) float32; None unless return_mels
     counts: list[int]
     cut: list[bool]
     ready: object | None

@@ -165,7 +165,7 @@ def synthesis_settings(s: Settings, voice: Voice | None = None) -> SynthesisSett
     decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
                             prenet_dropout=s.prenet_dropout)
     return SynthesisSettings(sigma=s.sigma, denoiser_strength=denoiser_strength(s, voice), decode=decode,
-                             waveglow_memory_gib=s.waveglow_memory_gib)
+                             waveglow_memory_gib=s.waveglow_memory_gib, return_mels=s.save_mels)
 
 
 def denoiser_strength(settings: Settings, voice: Voice | None) -> float:
