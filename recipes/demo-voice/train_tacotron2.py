@@ -539,7 +539,8 @@ def train(args) -> dict:
     steps, parts = None, None
     if captured and not budget.spent():
         warm_up_for_capture(model, optimizer, data, order, step, args)
-        steps = CapturedSteps(model, optimizer, data, args.batch_size, args.device, args.precision)
+        steps = CapturedSteps(model, optimizer, data, args.batch_size, args.device, args.precision,
+                              args.bucket_frames)
     while step < args.max_steps and not budget.spent():
         items = order(step)
         guide = guide_weight_at(step, args.guide_weight, args.guide_steps)
@@ -574,6 +575,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--max-frames", type=int, default=MAX_FRAMES,
                    help="train only on utterances of at most this many frames (e.g. 400 to start: "
                         "short lines align sooner and cost less per step)")
+    p.add_argument("--bucket-frames", type=int, default=64,
+                   help="captured steps: one CUDA graph per this many frames of length (larger: fewer "
+                        "captures on each fresh machine, more padding per step)")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
     p.add_argument("--dims", type=common.parse_dims, default=None,
                    help="override DEMO_DIMS, e.g. 'embedding_dim=32,attention_rnn_dim=32' (tests)")
