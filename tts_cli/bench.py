@@ -516,6 +516,8 @@ END_TO_END_VARIANTS = {
     "fused_step": ("every decoder fusion", _every_decoder_fusion),
     "denoiser_per_item": ("denoiser item by item (before)", lambda e: {"denoise_in_batches": False}),
     "no_denoiser": ("without the denoiser (diagnostic: other audio)", lambda e: {"denoiser": None}),
+    "waveglow_slices": ("WaveGlow in slices of <= 32 lines, each cut to its longest (candidate)",
+                        lambda e: {"waveglow_slice_items": 32}),
 }
 
 
