@@ -418,12 +418,11 @@ def _first_lines(corpus: Path, n: int | None, to: Path | None = None) -> Path:
 
 def _warm_up(engine: Engine, batch_size: int) -> None:
     """One short line alone, then (batch_size > 0) a full batch of lines one to eight
-    sentences long through the threaded path a corpus takes. CUDA loads a
-    kernel's module when it is first used (lazy loading, its default) and
-    cuBLAS and cuDNN choose kernels by shape, so a line alone leaves most of
-    a full batch's kernels unloaded; the suspect for a first corpus run being
-    12-17 % slower than later ones (BENCHMARKS.md, runs J-L). On CPU the
-    line alone (nothing loads lazily there)."""
+    sentences long through the threaded path a corpus takes, so a full
+    batch's kernels are loaded (CUDA loads a kernel's module on first use)
+    and chosen before the clock starts. Suspected of the first corpus run's
+    7-17 % penalty, it did not remove it (run M, BENCHMARKS.md: pinned host
+    memory did). On CPU the line alone (nothing loads lazily there)."""
     ids = frontend.text_to_sequence("Warming up the engine.")
     engine.synthesize([Job(ids, seed=0, frames=40)])
     if engine.device.type != "cuda" or batch_size == 0:

@@ -209,8 +209,7 @@ class Engine:
         """WaveGlow for one batch: float32 audio (B, F*hop), garbage past frames*hop."""
         if seeds is None:
             seeds = torch.zeros(mel.shape[0], dtype=torch.long, device=self.device)
-        rows_per_item = mel.shape[2] * self.hop_length // self.waveglow.dims.n_group
-        step = max(1, self.max_waveglow_rows // rows_per_item)
+        step = self._items_within_rows(mel.shape[2])
         return torch.cat([self._vocode(mel[i: i + step], frames[i: i + step], seeds[i: i + step])
                           for i in range(0, mel.shape[0], step)])
 
@@ -221,17 +220,20 @@ class Engine:
         each slice's mel cut to its longest line; zeros past each line's end."""
         order = sorted(range(len(counts)), key=lambda i: -counts[i])
         audio = torch.zeros(mel.shape[0], mel.shape[2] * self.hop_length, device=mel.device)
-        rows_per_frame = self.hop_length // self.waveglow.dims.n_group
         start = 0
         while start < len(order):
             longest = max(1, counts[order[start]])
-            fits = max(1, self.max_waveglow_rows // (longest * rows_per_frame))
-            rows = order[start: start + min(self.waveglow_slice_items, fits)]
+            rows = order[start: start + min(self.waveglow_slice_items, self._items_within_rows(longest))]
             index = torch.tensor(rows, device=mel.device)
             audio[index, : longest * self.hop_length] = self._vocode(
                 mel[index, :, :longest], frames[index], seeds[index])
             start += len(rows)
         return audio
+
+    def _items_within_rows(self, frames: int) -> int:
+        """How many lines of ``frames`` mel frames WaveGlow runs at once within
+        ``max_waveglow_rows`` (at least one)."""
+        return max(1, self.max_waveglow_rows // (frames * self.hop_length // self.waveglow.dims.n_group))
 
     def _vocode(self, mel, frames, seeds):
         sigma = self.settings.sigma

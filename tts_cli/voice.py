@@ -100,9 +100,10 @@ def _look_for(name: str) -> Path | None:
 
 def _missing(kind: str):
     name = PUBLISHED_FILES[kind]
-    searched = " or ".join(str(folder) for folder in checkpoint_dirs())
+    folders = checkpoint_dirs()
+    searched = " or ".join(str(folder) for folder in folders)
     raise FatalError(f"no --{kind} given and no {name} in {searched}; put {WHERE_TO_GET[kind]} "
-                     f"in {checkpoint_dirs()[0]} as {name}, or pass --{kind} PATH")
+                     f"in {folders[0]} as {name}, or pass --{kind} PATH")
 
 
 def _demo_notice(demo: dict[str, Path], published: dict[str, Path | None]) -> str:

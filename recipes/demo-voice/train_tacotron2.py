@@ -345,7 +345,7 @@ class CapturedSteps:
         # One memory pool for all buckets' graphs: with a pool each, batch 512
         # ran out of 139 GiB after a few buckets (eighth session); shared, the
         # largest bucket's step sets the peak.
-        self.pool = None
+        self.pool = torch.cuda.graph_pool_handle()
 
     def bucket_of(self, frames: int) -> int:
         return -(-frames // self.bucket_frames) * self.bucket_frames
@@ -355,8 +355,6 @@ class CapturedSteps:
         ids, lengths, mels, mel_lengths = self.data.batch(items, "cpu")
         bucket = self.bucket_of(mels.shape[2])
         if bucket not in self.graphs:
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
             self.graphs[bucket] = common.CapturedStep(self._step, self._inputs(bucket), self.optimizer,
                                                       self.pool)
         captured = self.graphs[bucket]
