@@ -333,17 +333,20 @@ def _one_off_counters(engine: Engine, device: torch.device) -> dict:
     once per batch: decoder graphs captured (and the seconds that took),
     Triton kernel variants compiled or loaded, cudaMalloc calls by the
     caching allocator, pinned host blocks allocated by the caching host
-    allocator (cudaHostAlloc; None where torch cannot count them)."""
+    allocator (cudaHostAlloc) and the seconds that took (None where torch
+    cannot count them)."""
     graphed = engine.graphed
     on_cuda = device.type == "cuda"
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
+    host = host_stats() if on_cuda and host_stats else {}
     return {"graph_captures": len(graphed.graphs) if graphed else 0,
             "graph_capture_seconds": graphed.capture_seconds if graphed else 0.0,
             "triton_compiled_kernels": kernels.compiled_kernels(),
             "device_allocations": (torch.cuda.memory_stats(device).get("num_device_alloc", 0)
                                    if on_cuda else 0),
-            "host_allocations": ((host_stats().get("num_host_alloc") if host_stats else None)
-                                 if on_cuda else 0)}
+            "host_allocations": host.get("num_host_alloc") if on_cuda else 0,
+            "host_allocation_seconds": (host["host_alloc_time.total"] / 1e6
+                                        if "host_alloc_time.total" in host else None) if on_cuda else 0.0}
 
 
 def _one_off_costs(engine: Engine, device: torch.device, before: dict, key: str) -> dict:
@@ -662,6 +665,7 @@ FIRST_RUN_ROWS = [
     ("first corpus run: Triton kernel variants compiled or loaded", "first_run_triton_compiled_kernels", "{}"),
     ("first corpus run: cudaMalloc calls", "first_run_device_allocations", "{}"),
     ("first corpus run: pinned host blocks allocated (cudaHostAlloc)", "first_run_host_allocations", "{}"),
+    ("first corpus run: seconds allocating them", "first_run_host_allocation_seconds", "{:.2f}"),
 ]
 
 
@@ -724,7 +728,8 @@ def format_end_to_end_table(r: dict) -> str:
 
 
 def _markdown_table(head: str, measures: list, r: dict) -> str:
-    rows = [f"| {name} | {fmt.format(r[key])} |" for name, key, fmt in measures if key in r]
+    rows = [f"| {name} | {'n/a' if r[key] is None else fmt.format(r[key])} |"
+            for name, key, fmt in measures if key in r]
     return "\n".join([head, "", "| measure | value |", "|---|---|", *rows])
 
 
