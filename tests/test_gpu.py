@@ -265,9 +265,8 @@ def test_the_batched_denoiser_equals_the_item_by_item_one_on_the_gpu():
 
 
 def test_queueing_the_next_batch_early_gives_the_same_files_in_the_same_order_on_the_gpu():
-    # the next batch is queued before the last is copied out: a batch copied
-    # before its WaveGlow finished would show up here as another batch's (or
-    # stale) audio
+    # pinned host buffers and asynchronous copies: a batch handed on before its
+    # copies finished would show up here as another batch's (or stale) audio
     e = engine(torch.float16)
     batches = [[job] for job in jobs()] + [jobs()]
     e.overlap_batches = False

@@ -97,8 +97,8 @@ class SynthesisSettings:
     decode: DecodeSettings = DecodeSettings()
     waveglow_memory_gib: float = 15.0   # WaveGlow's activations at once; a batch runs in slices within it
     # Result.mel filled in. Off, the mels stay on the device: their host copy
-    # is a third of the audio's bytes and nothing but --save-mels reads them
-    # (the pipeline asks for them only then).
+    # was a third of the audio's bytes and half the pinned blocks of a run
+    # (the pipeline asks for them only with --save-mels).
     return_mels: bool = True
 
 
@@ -130,9 +130,10 @@ WAVEGLOW_KERNELS = "matmul_paired"
 # Both streams run at the default CUDA priority: the decoder's stream at the
 # highest (-1) measured 0.992x, 0.994x and 1.003x end to end on H200s
 # (BENCHMARKS.md, runs E-G).
-# Queue each batch's WaveGlow work before waiting for the previous batch and
-# copying it to the host, so WaveGlow's stream does not idle while this
-# thread hands a batch on. H200, runs G and H (BENCHMARKS.md): 1.046x and 1.036x end to end over handing each batch on
+# Queue each batch's WaveGlow work before waiting for the previous batch's
+# copies to the host (pinned buffers, asynchronous copies), so WaveGlow's
+# stream does not idle while this thread hands a batch on. H200, runs G and
+# H (BENCHMARKS.md): 1.046x and 1.036x end to end over handing each batch on
 # first, GPU busy 96.2 -> 97.5 %; the bench keeps measuring the old way.
 OVERLAP_BATCHES = True
 # The denoiser's spectra for at most this many bytes of a batch at once.
@@ -173,7 +174,6 @@ class Engine:
                          if settings.denoiser_strength > 0 else None)
         self.denoise_in_batches = True
         self.overlap_batches = OVERLAP_BATCHES
-        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         # Candidate, off until measured (the bench's "waveglow_slices"
         # variant): WaveGlow over slices of at most this many lines of similar
         # length, each cut to its own longest line, instead of the whole
@@ -266,25 +266,17 @@ class Engine:
                  else self._vocode_in_slices(mel, frames, seeds, counts))     # (B, F*hop) float32
         if self.denoiser is not None:
             audio = self._denoise(audio, frames * self.hop_length, counts)
-        mel = mel.float() if self.settings.return_mels else None
-        if self.overlap_batches and self.device.type == "cuda":
-            return _Launched(jobs, audio, mel, counts, cut, _record_event(self.device))
-        return _Launched(jobs, audio.cpu(), mel.cpu() if mel is not None else None, counts, cut, None)
+        # One copy of the whole batch each: per-item copies would stall the stream.
+        overlap = self.overlap_batches and self.device.type == "cuda"
+        audio = _to_host(audio, overlap)
+        mel = _to_host(mel.float(), overlap) if self.settings.return_mels else None
+        return _Launched(jobs, audio, mel, counts, cut, _record_event(self.device) if overlap else None)
 
     def _finish(self, launched: "_Launched") -> list[Result]:
-        audio, mel = launched.audio, launched.mel
         if launched.ready is not None:
-            # The batch is done on the GPU. Copy it out on a stream of its own
-            # (this thread's stream already holds the next batch), into plain
-            # host memory: one copy of the whole batch, which returns once it
-            # is done. Asynchronous copies need pinned blocks, which a process's
-            # first run had to allocate (runs M-O, BENCHMARKS.md).
             launched.ready.synchronize()
-            with torch.cuda.stream(self.copy_stream):
-                audio = audio.cpu()
-                mel = mel.cpu() if mel is not None else None
-        audio = audio.numpy()
-        mel = mel.numpy() if mel is not None else None
+        audio = launched.audio.numpy()
+        mel = launched.mel.numpy() if launched.mel is not None else None
         return [Result(audio=audio[i, : n * self.hop_length], mel=mel[i, :, :n] if mel is not None else None,
                        frames=n, truncated=launched.cut[i]) for i, n in enumerate(launched.counts)]
 
@@ -439,14 +431,24 @@ class Engine:
 
 @dataclass
 class _Launched:
-    """One batch whose GPU work is queued: its results once ``ready`` has
-    passed (None: already on the host)."""
+    """One batch whose GPU work and copies are queued: its results once
+    ``ready`` (None: the copies were synchronous) has passed."""
     jobs: list[Job]
-    audio: torch.Tensor     # (B, F*hop) float32: on the device until ready, else on the host
-    mel: torch.Tensor | None  # (B, n_mel, F) float32, likewise; None unless return_mels
+    audio: torch.Tensor     # host (B, F*hop) float32
+    mel: torch.Tensor | None  # host (B, n_mel, F) float32; None unless return_mels
     counts: list[int]
     cut: list[bool]
     ready: object | None
+
+
+def _to_host(tensor: torch.Tensor, asynchronous: bool) -> torch.Tensor:
+    """A host copy; ``asynchronous``: into pinned memory, queued on the current
+    stream (valid once an event recorded after it has passed)."""
+    if not asynchronous:
+        return tensor.cpu()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
 
 
 def _halves(jobs: list[Job]) -> list[list[Job]]:
