@@ -1,4 +1,5 @@
 """WaveGlow and the denoiser: dimensions from weights, lengths, batch independence."""
+import pytest
 import torch
 
 from tts_cli.waveglow import PUBLISHED_DIMS as PUBLISHED, Denoiser, WaveGlow, WaveGlowDims
@@ -61,12 +62,14 @@ def test_denoiser_removes_the_models_own_bias_and_keeps_length():
     assert torch.equal(untouched, bias_audio)
 
 
+@pytest.mark.parametrize("fft_rows", [Denoiser.fft_rows, 7])
 @torch.inference_mode()
-def test_the_batched_denoiser_gives_each_item_what_it_gets_alone():
+def test_the_batched_denoiser_gives_each_item_what_it_gets_alone(fft_rows):
     # The engine denoises a whole batch at once; each line's audio must not
     # depend on its neighbours' lengths (reflection at its own end, its own
-    # frames' window sum).
+    # frames' window sum), nor on how its frames fall into the FFT groups.
     denoiser = Denoiser.for_model(tiny_waveglow(), torch.float32)
+    denoiser.fft_rows = fft_rows
     g = torch.Generator().manual_seed(3)
     lengths = torch.tensor([513, 4000, 256 * 30, 1100, 777, 300])   # 300: too short to pad, unchanged
     audio = torch.randn(len(lengths), int(lengths.max()) + 256, generator=g)
@@ -76,6 +79,23 @@ def test_the_batched_denoiser_gives_each_item_what_it_gets_alone():
         torch.testing.assert_close(batched[item, :n], alone, atol=1e-5, rtol=0)
         assert not batched[item, n:].any()
     assert not torch.allclose(batched[1, :4000], audio[1, :4000], atol=1e-3), "the denoiser changed nothing"
+
+
+@torch.inference_mode()
+def test_the_batched_denoiser_transforms_the_same_number_of_frames_whatever_the_batch(monkeypatch):
+    # cuFFT makes a plan for every new transform shape. With one shape per
+    # batch length, a process's first corpus run made two plans for each
+    # batch; later runs found them cached.
+    denoiser = Denoiser.for_model(tiny_waveglow(), torch.float32)
+    denoiser.fft_rows = 16
+    shapes = []
+    for name in ("rfft", "irfft"):
+        transform = getattr(torch.fft, name)
+        monkeypatch.setattr(torch.fft, name, lambda x, *a, _t=transform, **k: shapes.append(x.shape) or _t(x, *a, **k))
+    for lengths in ([513, 4000, 2100], [9000], [600, 700, 800, 900, 1000]):
+        audio = torch.randn(len(lengths), max(lengths))
+        denoiser.batch(audio, torch.tensor(lengths), strength=0.5)
+    assert len(shapes) > 6 and {rows for rows, _ in shapes} == {16}
 
 
 def test_the_engine_denoises_in_batches_as_it_did_item_by_item():

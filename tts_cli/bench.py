@@ -332,9 +332,9 @@ def _one_off_counters(engine: Engine, device: torch.device) -> dict:
     """Counters of the work a corpus run does once per process rather than
     once per batch: decoder graphs captured (and the seconds that took),
     Triton kernel variants compiled or loaded, cudaMalloc calls by the
-    caching allocator, pinned host blocks allocated by the caching host
-    allocator (cudaHostAlloc) and the seconds that took (None where torch
-    cannot count them)."""
+    caching allocator, cuFFT plans made (the denoiser's), pinned host blocks
+    allocated by the caching host allocator (cudaHostAlloc) and the seconds
+    that took (None where torch cannot count them)."""
     graphed = engine.graphed
     on_cuda = device.type == "cuda"
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
@@ -344,6 +344,7 @@ def _one_off_counters(engine: Engine, device: torch.device) -> dict:
             "triton_compiled_kernels": kernels.compiled_kernels(),
             "device_allocations": (torch.cuda.memory_stats(device).get("num_device_alloc", 0)
                                    if on_cuda else 0),
+            "fft_plans": (torch.backends.cuda.cufft_plan_cache[device.index or 0].size if on_cuda else 0),
             "host_allocations": host.get("num_host_alloc") if on_cuda else 0,
             "host_allocation_seconds": (host["host_alloc_time.total"] / 1e6
                                         if "host_alloc_time.total" in host else None) if on_cuda else 0.0}
@@ -664,6 +665,7 @@ FIRST_RUN_ROWS = [
     ("first corpus run: seconds capturing them", "first_run_graph_capture_seconds", "{:.2f}"),
     ("first corpus run: Triton kernel variants compiled or loaded", "first_run_triton_compiled_kernels", "{}"),
     ("first corpus run: cudaMalloc calls", "first_run_device_allocations", "{}"),
+    ("first corpus run: cuFFT plans made", "first_run_fft_plans", "{}"),
     ("first corpus run: pinned host blocks allocated (cudaHostAlloc)", "first_run_host_allocations", "{}"),
     ("first corpus run: seconds allocating them", "first_run_host_allocation_seconds", "{:.2f}"),
 ]

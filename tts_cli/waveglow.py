@@ -175,6 +175,11 @@ class Denoiser(nn.Module):
     the same result with one STFT and one inverse for all of them.
     """
     n_fft, hop, win = 1024, 256, 1024
+    # ``batch`` transforms this many frames at a time, the last group padded
+    # with zeros: one cuFFT plan shape whatever the batch, so a process makes
+    # its plans once (in its warm-up) instead of two for every new batch
+    # length in its first corpus run.
+    fft_rows = 4096
 
     def __init__(self, bias_magnitude: Tensor):
         super().__init__()
@@ -205,9 +210,25 @@ class Denoiser(nn.Module):
         return torch.istft(self._subtract(spec, strength), self.n_fft, self.hop, self.win, self.window,
                            center=True, length=audio.shape[0])
 
-    def _subtract(self, spec: Tensor, strength: float) -> Tensor:
-        magnitude = (spec.abs() - self.bias_magnitude * strength).clamp(min=0.0)
+    def _subtract(self, spec: Tensor, strength: float, bias: Tensor | None = None) -> Tensor:
+        """``spec`` (..., n_fft//2+1, frames), or with ``bias`` shaped to match, any layout."""
+        bias = self.bias_magnitude if bias is None else bias
+        magnitude = (spec.abs() - bias * strength).clamp(min=0.0)
         return torch.polar(magnitude, spec.angle())
+
+    def _in_fixed_rows(self, transform, rows: Tensor, width: int, dtype: torch.dtype) -> Tensor:
+        """``transform`` (an FFT along the last dimension) over ``rows`` (R, n)
+        in groups of ``fft_rows``, the last group zero-padded: (R, width)."""
+        r, group = rows.shape[0], self.fft_rows
+        out = torch.empty(r, width, dtype=dtype, device=rows.device)
+        whole = r - r % group
+        for i in range(0, whole, group):
+            transform(rows[i: i + group], out=out[i: i + group])
+        if whole < r:
+            tail = rows.new_zeros(group, rows.shape[1])
+            tail[: r - whole] = rows[whole:]
+            out[whole:] = transform(tail)[: r - whole]
+        return out
 
     def batch(self, audio: Tensor, lengths: Tensor, strength: float) -> Tensor:
         """audio (B, N) float32, item b's samples ``audio[b, :lengths[b]]``.
@@ -231,12 +252,16 @@ class Denoiser(nn.Module):
         source = p.abs()
         source = torch.where(source > last, 2 * last - source, source).clamp(min=0, max=n - 1)
         padded = torch.gather(audio, 1, source)
-        spec = torch.stft(padded, self.n_fft, self.hop, self.win, self.window, center=False,
-                          return_complex=True)                               # (B, 513, T)
-        frames = spec.shape[2]
+        # torch.stft(center=False), one row per frame: (B*T, n_fft) -> (B*T, bins)
+        windowed = (padded.unfold(1, self.n_fft, self.hop) * self.window).reshape(-1, self.n_fft)
+        frames = windowed.shape[0] // b
+        bins = self.n_fft // 2 + 1
+        spec = self._in_fixed_rows(torch.fft.rfft, windowed, bins, torch.complex64)
+        spec = self._subtract(spec, strength, self.bias_magnitude[:, 0])
+        pieces = self._in_fixed_rows(lambda x, out=None: torch.fft.irfft(x, n=self.n_fft, out=out),
+                                     spec, self.n_fft, torch.float32)
         own = torch.arange(frames, device=audio.device)[None, :] <= (lengths // self.hop)[:, None]
-        pieces = torch.fft.irfft(self._subtract(spec, strength), n=self.n_fft, dim=1)
-        pieces = pieces * self.window[None, :, None] * own[:, None, :]
+        pieces = (pieces.view(b, frames, self.n_fft) * self.window * own[:, :, None]).transpose(1, 2)
         fold = dict(output_size=(1, n + 2 * half), kernel_size=(1, self.n_fft), stride=(1, self.hop))
         summed = F.fold(pieces, **fold)[:, 0, 0]
         envelope = F.fold((self.window ** 2)[None, :, None] * own[:, None, :].to(audio.dtype), **fold)[:, 0, 0]
