@@ -425,8 +425,10 @@ def _warm_up(engine: Engine, batch_size: int) -> None:
     sentences long through the threaded path a corpus takes, so a full
     batch's kernels are loaded (CUDA loads a kernel's module on first use)
     and chosen before the clock starts. Suspected of the first corpus run's
-    7-17 % penalty, it did not remove it (run M, BENCHMARKS.md: pinned host
-    memory did). On CPU the line alone (nothing loads lazily there)."""
+    7-17 % penalty, it did not remove it (run M, BENCHMARKS.md); most of that
+    was the denoiser's cuFFT plans, a new pair for each batch length, until
+    the denoiser transformed a fixed number of frames at a time (run Q). On
+    CPU the line alone (nothing loads lazily there)."""
     ids = frontend.text_to_sequence("Warming up the engine.")
     engine.synthesize([Job(ids, seed=0, frames=40)])
     if engine.device.type != "cuda" or batch_size == 0:
@@ -519,8 +521,6 @@ END_TO_END_VARIANTS = {
     "fused_step": ("every decoder fusion", _every_decoder_fusion),
     "denoiser_per_item": ("denoiser item by item (before)", lambda e: {"denoise_in_batches": False}),
     "no_denoiser": ("without the denoiser (diagnostic: other audio)", lambda e: {"denoiser": None}),
-    "waveglow_slices": ("WaveGlow in slices of <= 32 lines, each cut to its longest (candidate)",
-                        lambda e: {"waveglow_slice_items": 32}),
 }
 
 

@@ -174,12 +174,6 @@ class Engine:
                          if settings.denoiser_strength > 0 else None)
         self.denoise_in_batches = True
         self.overlap_batches = OVERLAP_BATCHES
-        # Candidate, off until measured (the bench's "waveglow_slices"
-        # variant): WaveGlow over slices of at most this many lines of similar
-        # length, each cut to its own longest line, instead of the whole
-        # batch at its longest (4.8 % of the bench batches' WaveGlow rows are
-        # padding at batch 128).
-        self.waveglow_slice_items: int | None = None
 
     @property
     def hop_length(self) -> int:
@@ -213,23 +207,6 @@ class Engine:
         return torch.cat([self._vocode(mel[i: i + step], frames[i: i + step], seeds[i: i + step])
                           for i in range(0, mel.shape[0], step)])
 
-    def _vocode_in_slices(self, mel: torch.Tensor, frames: torch.Tensor, seeds: torch.Tensor,
-                          counts: list[int]) -> torch.Tensor:
-        """``vocode`` over the batch's lines longest first, in slices of at
-        most ``waveglow_slice_items`` lines (fewer where the rows budget asks),
-        each slice's mel cut to its longest line; zeros past each line's end."""
-        order = sorted(range(len(counts)), key=lambda i: -counts[i])
-        audio = torch.zeros(mel.shape[0], mel.shape[2] * self.hop_length, device=mel.device)
-        start = 0
-        while start < len(order):
-            longest = max(1, counts[order[start]])
-            rows = order[start: start + min(self.waveglow_slice_items, self._items_within_rows(longest))]
-            index = torch.tensor(rows, device=mel.device)
-            audio[index, : longest * self.hop_length] = self._vocode(
-                mel[index, :, :longest], frames[index], seeds[index])
-            start += len(rows)
-        return audio
-
     def _items_within_rows(self, frames: int) -> int:
         """How many lines of ``frames`` mel frames WaveGlow runs at once within
         ``max_waveglow_rows`` (at least one)."""
@@ -262,8 +239,7 @@ class Engine:
         if counts is None:
             counts, cut = frames.tolist(), truncated.tolist()
         seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
-        audio = (self.vocode(mel, frames, seeds) if self.waveglow_slice_items is None
-                 else self._vocode_in_slices(mel, frames, seeds, counts))     # (B, F*hop) float32
+        audio = self.vocode(mel, frames, seeds)     # (B, F*hop) float32
         if self.denoiser is not None:
             audio = self._denoise(audio, frames * self.hop_length, counts)
         # One copy of the whole batch each: per-item copies would stall the stream.
