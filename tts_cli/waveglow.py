@@ -172,7 +172,7 @@ class Denoiser(nn.Module):
     The STFT (1024/256/1024, Hann, reflect-padded, centred) runs per item on
     that item's own samples, so padding never leaks into the reflection.
     ``forward`` takes one item; ``batch`` gives each item of a padded batch
-    the same result with one STFT and one inverse for all of them.
+    the same result with the same transforms for all of them.
     """
     n_fft, hop, win = 1024, 256, 1024
     # ``batch`` transforms this many frames at a time, the last group padded
