@@ -509,6 +509,18 @@ def _every_decoder_fusion(engine: Engine) -> dict | None:
     return {"graphed": _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])}
 
 
+def _denoiser_fft_rows(rows: int | None):
+    """Variant: the denoiser transforming ``rows`` frames at a time (None: each
+    slice's frames in one transform, whose shape follows the batch)."""
+    def changes(engine: Engine) -> dict | None:
+        if engine.denoiser is None:
+            return None
+        denoiser = copy.copy(engine.denoiser)
+        denoiser.fft_rows = rows
+        return {"denoiser": denoiser}
+    return changes
+
+
 # The corpus end to end again with one thing changed (same weights): name ->
 # (label, the engine attributes it sets, or None where it cannot run).
 # "no_denoiser" changes the audio, so it is not a candidate: it says what the
@@ -521,6 +533,13 @@ END_TO_END_VARIANTS = {
     "fused_step": ("every decoder fusion", _every_decoder_fusion),
     "denoiser_per_item": ("denoiser item by item (before)", lambda e: {"denoise_in_batches": False}),
     "no_denoiser": ("without the denoiser (diagnostic: other audio)", lambda e: {"denoiser": None}),
+    # Run twice: the first run makes its cuFFT plans (one pair per batch
+    # length), the second finds them cached and compares with "again".
+    "denoiser_one_transform_first": ("denoiser FFTs shaped by each batch (before), first run",
+                                     _denoiser_fft_rows(None)),
+    "denoiser_one_transform": ("denoiser FFTs shaped by each batch (before), run again",
+                               _denoiser_fft_rows(None)),
+    "denoiser_fft_rows_16384": ("denoiser FFTs 16,384 frames at a time", _denoiser_fft_rows(16384)),
 }
 
 

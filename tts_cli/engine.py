@@ -138,6 +138,12 @@ WAVEGLOW_KERNELS = "matmul_paired"
 OVERLAP_BATCHES = True
 # The denoiser's spectra for at most this many bytes of a batch at once.
 DENOISER_SLICE_BYTES = 2 ** 30
+# On CUDA the denoiser transforms this many frames at a time: cuFFT makes a
+# plan for each new transform shape, and with shapes following the batch a
+# process's first corpus run made a pair for every batch length, which cost
+# it 7-17 % against its later runs. H200, run Q (BENCHMARKS.md): first runs
+# 818.0 -> 865.2 audio s/s.
+DENOISER_FFT_ROWS = 4096
 
 
 class Engine:
@@ -172,6 +178,8 @@ class Engine:
                                                       self.waveglow.dims, dtype)
         self.denoiser = (Denoiser.for_model(self.waveglow, dtype)
                          if settings.denoiser_strength > 0 else None)
+        if self.denoiser is not None and device.type == "cuda":
+            self.denoiser.fft_rows = DENOISER_FFT_ROWS
         self.denoise_in_batches = True
         self.overlap_batches = OVERLAP_BATCHES
 

@@ -176,10 +176,9 @@ class Denoiser(nn.Module):
     """
     n_fft, hop, win = 1024, 256, 1024
     # ``batch`` transforms this many frames at a time, the last group padded
-    # with zeros: one cuFFT plan shape whatever the batch, so a process makes
-    # its plans once (in its warm-up) instead of two for every new batch
-    # length in its first corpus run.
-    fft_rows = 4096
+    # with zeros (one transform shape whatever the batch); None: all of a
+    # batch's frames in one transform. The engine sets it on CUDA.
+    fft_rows: int | None = None
 
     def __init__(self, bias_magnitude: Tensor):
         super().__init__()
@@ -219,7 +218,8 @@ class Denoiser(nn.Module):
     def _in_fixed_rows(self, transform, rows: Tensor, width: int, dtype: torch.dtype) -> Tensor:
         """``transform`` (an FFT along the last dimension) over ``rows`` (R, n)
         in groups of ``fft_rows``, the last group zero-padded: (R, width)."""
-        r, group = rows.shape[0], self.fft_rows
+        r = rows.shape[0]
+        group = self.fft_rows or r
         out = torch.empty(r, width, dtype=dtype, device=rows.device)
         whole = r - r % group
         for i in range(0, whole, group):
