@@ -59,14 +59,16 @@ train() {
     python3 $R/train_$model.py "${args[@]}" --minutes "$(left)" \
     || python3 $R/train_$model.py "${args[@]}" --no-graphs --minutes "$(left)"
 }
-( train tacotron2 "$t2_gpu" 128 ) > runs/tacotron2.out 2>&1 &
+# T2_AFTER=FILE / WG_AFTER=FILE: that model's GPU first serves another job
+# (a benchmark in the same device call); its training waits for FILE and
+# takes what is left.
+wait_for() {
+    [ -n "$1" ] || return 0
+    while [ ! -e "$1" ] && [ "$(left)" != 0 ]; do sleep 2; done
+}
+( wait_for "${T2_AFTER:-}"; train tacotron2 "$t2_gpu" 128 ) > runs/tacotron2.out 2>&1 &
 t2=$!
-# WG_AFTER=FILE: WaveGlow's GPU first serves another job (a benchmark in the
-# same device call); its training waits for FILE and takes what is left.
-if [ -n "${WG_AFTER:-}" ]; then
-    while [ ! -e "$WG_AFTER" ] && [ "$(left)" != 0 ]; do sleep 2; done
-fi
-( train waveglow "$wg_gpu" 64 ) > runs/waveglow.out 2>&1
+( wait_for "${WG_AFTER:-}"; train waveglow "$wg_gpu" 64 ) > runs/waveglow.out 2>&1
 wait $t2
 tail -n 4 runs/tacotron2.out runs/waveglow.out
 # What comes back (at most 8 files of 16 MiB): the logs, and both checkpoints
