@@ -338,16 +338,18 @@ def _one_off_counters(engine: Engine, device: torch.device) -> dict:
     graphed = engine.graphed
     on_cuda = device.type == "cuda"
     host_stats = getattr(torch.cuda, "host_memory_stats", None)
-    host = host_stats() if on_cuda and host_stats else {}
+    # off CUDA nothing is pinned; on CUDA without the stats, unknown (None)
+    host = ((host_stats() if host_stats else {}) if on_cuda
+            else {"num_host_alloc": 0, "host_alloc_time.total": 0})
+    alloc_us = host.get("host_alloc_time.total")
     return {"graph_captures": len(graphed.graphs) if graphed else 0,
             "graph_capture_seconds": graphed.capture_seconds if graphed else 0.0,
             "triton_compiled_kernels": kernels.compiled_kernels(),
             "device_allocations": (torch.cuda.memory_stats(device).get("num_device_alloc", 0)
                                    if on_cuda else 0),
             "fft_plans": (torch.backends.cuda.cufft_plan_cache[device.index or 0].size if on_cuda else 0),
-            "host_allocations": host.get("num_host_alloc") if on_cuda else 0,
-            "host_allocation_seconds": (host["host_alloc_time.total"] / 1e6
-                                        if "host_alloc_time.total" in host else None) if on_cuda else 0.0}
+            "host_allocations": host.get("num_host_alloc"),
+            "host_allocation_seconds": None if alloc_us is None else alloc_us / 1e6}
 
 
 def _one_off_costs(engine: Engine, device: torch.device, before: dict, key: str) -> dict:
