@@ -251,7 +251,33 @@ def test_the_fused_lstm_cell_kernel_equals_nn_lstmcell_on_the_gpu():
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("fft_rows", [None, 4096])
+@pytest.mark.parametrize("gate", ["tanh_approx", "tanh_approx_pairs"])
+@pytest.mark.parametrize("dtype, audio_tol", [(torch.float16, 2e-2), (torch.bfloat16, 5e-2)])
+def test_each_approximate_gate_stays_within_a_half_precision_rounding_of_the_exact_one(gate, dtype, audio_tol):
+    """The taps+gate kernel's gated activations with the GPU's tanh against
+    the exact gate (|acts| <= 1, so a float16 ulp is at most 2^-11 and a
+    bfloat16 one 2^-8), then the whole fast path's audio against the eager one."""
+    from tts_cli import kernels
+    g = torch.Generator().manual_seed(11)
+    n, c, t = 4 * 1000, 256, 1000
+    x = torch.randn(n, c, generator=g).cuda().to(dtype)
+    keep = (torch.arange(n) % t < 900).cuda().to(dtype)
+    cond = (torch.randn(n, 2 * c * 8, generator=g) * 2).cuda().to(dtype)
+    w = kernels.pair_gate_columns((torch.randn(3 * c, 2 * c, generator=g) / 16).cuda().to(dtype))
+    exact, approx = (kernels.taps_gate(x, keep, cond, 5, w, t, 16, torch.empty(n, c, device="cuda", dtype=dtype),
+                                       paired=True, gate=form) for form in ("exact", gate))
+    worst = (approx.float() - exact.float()).abs().max().item()
+    ulp = 2.0 ** -11 if dtype == torch.float16 else 2.0 ** -8
+    print(f"{dtype}: gate {gate} vs exact, max abs diff {worst:.2e} ({worst / ulp:.1f} ulp at 1)")
+    assert worst <= 4 * ulp
+    fast = engine(dtype)
+    fast.fast_waveglow = fast.fast_waveglow.with_kernels(gate=gate)
+    for r, ref in zip(fast.synthesize(jobs()), fast.eager().synthesize(jobs())):
+        assert rel(r.audio, ref.audio) < audio_tol
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("fft_rows", [None, 4096, 16384])
 def test_the_batched_denoiser_equals_the_item_by_item_one_on_the_gpu(fft_rows):
     from tts_cli.waveglow import Denoiser
     g = torch.Generator().manual_seed(5)

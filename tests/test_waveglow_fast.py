@@ -27,6 +27,17 @@ def test_fast_waveglow_equals_the_plain_model_on_a_padded_batch():
     assert torch.allclose(got, expected, atol=1e-5 * expected.abs().max())
 
 
+def test_the_gate_form_is_checked_and_float32_always_gets_the_exact_gate():
+    model = tiny_waveglow(seed=7)
+    with pytest.raises(ValueError, match="tanh_approx_pairs"):
+        FastWaveGlow(model, torch.float16, gate="tanh")
+    assert FastWaveGlow(model, torch.float32, gate="tanh_approx").gate == "exact"
+    half = FastWaveGlow(model, torch.float16, gate="tanh_approx_pairs")
+    exact = half.with_kernels(gate="exact")
+    assert (half.gate, exact.gate) == ("tanh_approx_pairs", "exact")
+    assert exact.flows[0].cond is half.flows[0].cond       # the same weights, not a copy
+
+
 def test_the_waveglow_memory_budget_is_about_a_million_rows_at_15_gib_for_the_published_model():
     from tts_cli.waveglow import WaveGlowDims
     from tts_cli.waveglow_fast import waveglow_rows_within

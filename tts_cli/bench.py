@@ -242,6 +242,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         **busy,
         "decoder_fusions": "+".join(_running_fusions(engine)) or "none",
         "waveglow_kernels": engine.fast_waveglow.kernels_mode if engine.fast_waveglow else "none",
+        "waveglow_gate": engine.fast_waveglow.gate if engine.fast_waveglow else "none",
         "decoder_ms_per_step_batch1": step_ms_1,
         "decoder_frames_per_second_bench_batch": b.batch_size / step_ms_b * 1e3,
         "waveglow_tflops": wg_tflops, "waveglow_executed_tflops": wg_executed,
@@ -406,10 +407,11 @@ def _engine(b: BenchSettings) -> Engine:
 
 def profile_only(b: BenchSettings) -> str:
     engine = _engine(b)
-    running = engine.fast_waveglow.kernels_mode if engine.fast_waveglow else "plain"
-    report = f"kernels_mode={running!r} (running):\n" + waveglow_kernel_profile(engine)
-    for mode in _other_kernels_modes(engine):
-        report += f"\n\nkernels_mode={mode!r}:\n" + waveglow_kernel_profile(_waveglow_engine(engine, mode)[0])
+    fast = engine.fast_waveglow
+    running = f"kernels_mode={fast.kernels_mode!r}, gate={fast.gate!r}" if fast else "plain"
+    report = f"{running} (running):\n" + waveglow_kernel_profile(engine)
+    for name, change in _other_waveglow_candidates(engine).items():
+        report += f"\n\n{name}:\n" + waveglow_kernel_profile(_waveglow_engine(engine, change)[0])
     return report
 
 
@@ -523,6 +525,14 @@ def _denoiser_fft_rows(rows: int | None):
     return changes
 
 
+def _exact_gate(engine: Engine) -> dict | None:
+    """Variant: WaveGlow's taps+gate epilogue with the exact gate."""
+    fast = engine.fast_waveglow
+    if fast is None or fast.gate == "exact" or engine.device.type != "cuda":
+        return None
+    return {"fast_waveglow": fast.with_kernels(gate="exact")}
+
+
 # The corpus end to end again with one thing changed (same weights): name ->
 # (label, the engine attributes it sets, or None where it cannot run).
 # "no_denoiser" changes the audio, so it is not a candidate: it says what the
@@ -541,7 +551,8 @@ END_TO_END_VARIANTS = {
                                      _denoiser_fft_rows(None)),
     "denoiser_one_transform": ("denoiser FFTs shaped by each batch (before), run again",
                                _denoiser_fft_rows(None)),
-    "denoiser_fft_rows_16384": ("denoiser FFTs 16,384 frames at a time", _denoiser_fft_rows(16384)),
+    "denoiser_fft_rows_4096": ("denoiser FFTs 4,096 frames at a time (before)", _denoiser_fft_rows(4096)),
+    "exact_gate": ("WaveGlow's gate computed exactly (before)", _exact_gate),
 }
 
 
@@ -602,41 +613,54 @@ def _stage_rates(engine: Engine, settings: Settings, wg_tflops: float, frames_pe
             "end_to_end_share_of_waveglow_alone": speed / waveglow_alone}
 
 
-def _other_kernels_modes(engine: Engine) -> list[str]:
-    """WaveGlow's kernels modes other than the running one, where the fused
-    kernels can run (CUDA with Triton)."""
-    if engine.fast_waveglow is None or engine.device.type != "cuda" or not kernels.available():
-        return []
-    return [m for m in FastWaveGlow.KERNELS_MODES if m != engine.fast_waveglow.kernels_mode]
+# WaveGlow alone with one thing changed (same weights): name -> (label,
+# FastWaveGlow.with_kernels arguments). Every kernels mode and every gate
+# form; the running ones are skipped.
+WAVEGLOW_CANDIDATES = {
+    **{f"{mode}_kernels": (f"{mode} kernels", {"kernels_mode": mode}) for mode in FastWaveGlow.KERNELS_MODES},
+    **{f"gate_{gate}": (f"gate {gate}", {"gate": gate}) for gate in kernels.GATE_FORMS},
+}
 
 
-def _waveglow_engine(engine: Engine, mode: str) -> tuple[Engine, float]:
-    """(the engine with WaveGlow in kernels mode ``mode``, same weights;
-    seconds its autotuning took)."""
+def _other_waveglow_candidates(engine: Engine) -> dict[str, dict]:
+    """WAVEGLOW_CANDIDATES that differ from what runs, where the fused
+    kernels can run (CUDA with Triton): name -> with_kernels arguments."""
+    fast = engine.fast_waveglow
+    if fast is None or engine.device.type != "cuda" or not kernels.available():
+        return {}
+    running = {"kernels_mode": fast.kernels_mode, "gate": fast.gate}
+    return {name: change for name, (_, change) in WAVEGLOW_CANDIDATES.items()
+            if any(running[k] != v for k, v in change.items())
+            and (fast.dtype != torch.float32 or "gate" not in change)}
+
+
+def _waveglow_engine(engine: Engine, change: dict) -> tuple[Engine, float]:
+    """(the engine with WaveGlow changed by ``change``, with_kernels'
+    arguments, same weights; seconds its autotuning took)."""
     _sync(engine.device)
     started = time.perf_counter()
     other = copy.copy(engine)
-    other.fast_waveglow = engine.fast_waveglow.with_kernels(mode)
+    other.fast_waveglow = engine.fast_waveglow.with_kernels(**change)
     _sync(engine.device)
     return other, time.perf_counter() - started
 
 
 def _waveglow_other_kernels(engine: Engine, running_tflops: float) -> dict:
-    """WaveGlow alone in each other kernels mode, measured like
-    ``_waveglow_tflops`` in the same run: each against the running mode as
-    one ratio (> 1: faster than the running mode). A failure is reported,
+    """WaveGlow alone as each other candidate, measured like
+    ``_waveglow_tflops`` in the same run: each against the running path as
+    one ratio (> 1: faster than the running path). A failure is reported,
     not raised (the run's other measures stand)."""
     result = {}
-    for mode in _other_kernels_modes(engine):
+    for name, change in _other_waveglow_candidates(engine).items():
         try:
-            other, tune_seconds = _waveglow_engine(engine, mode)
+            other, tune_seconds = _waveglow_engine(engine, change)
             tflops, _ = _waveglow_tflops(other)
         except Exception as e:   # noqa: BLE001 -- an unmeasured candidate must not sink the bench
-            result[f"waveglow_{mode}_kernels_error"] = f"{type(e).__name__}: {e}"[:300]
+            result[f"waveglow_{name}_error"] = f"{type(e).__name__}: {e}"[:300]
             continue
-        result.update({f"waveglow_{mode}_kernels_tflops": tflops,
-                       f"waveglow_{mode}_kernels_speedup": tflops / running_tflops,
-                       f"waveglow_{mode}_kernels_tune_seconds": tune_seconds})
+        result.update({f"waveglow_{name}_tflops": tflops,
+                       f"waveglow_{name}_speedup": tflops / running_tflops,
+                       f"waveglow_{name}_tune_seconds": tune_seconds})
     return result
 
 
@@ -668,15 +692,13 @@ def _end_to_end_variant_rows() -> list:
 
 
 def _waveglow_mode_rows() -> list:
-    """Table rows of each WaveGlow kernels mode not running (CUDA with Triton only)."""
+    """Table rows of each WaveGlow candidate not running (CUDA with Triton only)."""
     rows = []
-    for mode in FastWaveGlow.KERNELS_MODES:
-        rows += [(f"WaveGlow TFLOP/s, {mode} kernels (reference arithmetic)", f"waveglow_{mode}_kernels_tflops",
-                  "{:.1f}"),
-                 (f"WaveGlow speed-up, {mode} kernels over the running mode", f"waveglow_{mode}_kernels_speedup",
-                  "{:.3f}x"),
-                 (f"{mode} kernels: autotuning s", f"waveglow_{mode}_kernels_tune_seconds", "{:.1f}"),
-                 (f"{mode} kernels: failed", f"waveglow_{mode}_kernels_error", "{}")]
+    for name, (label, _) in WAVEGLOW_CANDIDATES.items():
+        rows += [(f"WaveGlow TFLOP/s, {label} (reference arithmetic)", f"waveglow_{name}_tflops", "{:.1f}"),
+                 (f"WaveGlow speed-up, {label} over the running path", f"waveglow_{name}_speedup", "{:.3f}x"),
+                 (f"{label}: autotuning s", f"waveglow_{name}_tune_seconds", "{:.1f}"),
+                 (f"{label}: failed", f"waveglow_{name}_error", "{}")]
     return rows
 
 
@@ -702,6 +724,7 @@ TABLE = [
      "{:.1%}"),
     ("decoder fusions running", "decoder_fusions", "{}"),
     ("WaveGlow kernels running", "waveglow_kernels", "{}"),
+    ("WaveGlow gate running", "waveglow_gate", "{}"),
     ("Tacotron2 ms per decoder step, batch 1", "decoder_ms_per_step_batch1", "{:.3f}"),
     ("Tacotron2 frames/s at bench batch", "decoder_frames_per_second_bench_batch", "{:.0f}"),
     *_decoder_candidate_rows(),

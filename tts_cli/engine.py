@@ -127,6 +127,11 @@ class Result:
 # beside these.
 DECODER_FUSIONS = {"fused_attention": True, "fused_prenet": True}
 WAVEGLOW_KERNELS = "matmul_paired"
+# The gate in WaveGlow's taps+gate epilogue from the GPU's tanh instruction on
+# float16 pairs (kernels.GATE_FORMS; float32 stays exact). H200, the kernel
+# alone (BENCHMARKS.md, run R): the exact gate took 39 % of its time, the
+# float32 tanh instruction cut the kernel 0.580 -> 0.463 ms.
+WAVEGLOW_GATE = "tanh_approx_pairs"
 # Both streams run at the default CUDA priority: the decoder's stream at the
 # highest (-1) measured 0.992x, 0.994x and 1.003x end to end on H200s
 # (BENCHMARKS.md, runs E-G).
@@ -142,8 +147,9 @@ DENOISER_SLICE_BYTES = 2 ** 30
 # plan for each new transform shape, and with shapes following the batch a
 # process's first corpus run made a pair for every batch length, which cost
 # it 7-17 % against its later runs. H200, run Q (BENCHMARKS.md): first runs
-# 818.0 -> 865.2 audio s/s.
-DENOISER_FFT_ROWS = 4096
+# 818.0 -> 865.2 audio s/s with 4,096 frames; run R: 16,384 frames 1.023x
+# over 4,096 in the same process (fewer, larger transforms).
+DENOISER_FFT_ROWS = 16384
 
 
 class Engine:
@@ -166,7 +172,7 @@ class Engine:
         self.inverse_weights = [w.to(device) for w in waveglow.float().inverse_weights()]
         self.fast = device.type == "cuda" if fast is None else fast
         # built from the float32 weights too (the folds are computed in float32)
-        self.fast_waveglow = (FastWaveGlow(waveglow.to(device), dtype, WAVEGLOW_KERNELS)
+        self.fast_waveglow = (FastWaveGlow(waveglow.to(device), dtype, WAVEGLOW_KERNELS, WAVEGLOW_GATE)
                               if self.fast else None)
         self.tacotron2 = tacotron2.to(device=device, dtype=dtype).eval()
         self.waveglow = waveglow.to(device=device, dtype=dtype).eval()

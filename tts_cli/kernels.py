@@ -19,7 +19,8 @@ And two matrix products with that work fused into them (``FastWaveGlow`` with
   by -d, 0 or +d) with the gate in its epilogue (``paired``: the tanh and
   sigmoid columns interleaved, so each tile is one product twice as wide,
   ``kernels_mode="matmul_paired"``; ``persistent``: the same from one or two
-  programs per SM, ``kernels_mode="matmul_persistent"``);
+  programs per SM, ``kernels_mode="matmul_persistent"``); the gate's
+  arithmetic is one of ``GATE_FORMS``;
 * ``residual_update``: x += acts @ W_res + b_res, the add in the epilogue.
 
 And one for Tacotron2's decoder (``GraphedDecoder(..., fused_attention=True)``):
@@ -159,22 +160,39 @@ if triton is not None:
         return tl.load(x_ptr + src[:, None] * C + (k - tap * C) + ks[None, :], mask=ok[:, None], other=0.0)
 
     @triton.jit
+    def _tanh_approx(x):
+        """The GPU's own tanh (one special-function op, ~2^-11 relative error)."""
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+    @triton.jit
+    def _tanh_approx_pairs(x):
+        """The same on float16 pairs: one op per two values."""
+        return tl.inline_asm_elementwise("tanh.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)],
+                                         dtype=tl.float16, is_pure=True, pack=2).to(tl.float32)
+
+    @triton.jit
     def _gate_store(z_tanh, z_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
-                    cond_offset, out_stride, C: tl.constexpr):
+                    cond_offset, out_stride, C: tl.constexpr, GATE: tl.constexpr):
         """out = tanh(z_tanh + cond) * sigmoid(z_sigmoid + cond'), the layer's
-        conditioning columns read in place."""
+        conditioning columns read in place; GATE: GATE_FORMS's index."""
         mask = in_rows[:, None]
         cond = cond_ptr + rows64[:, None] * cond_stride + cond_offset + cols[None, :]
         a_in = z_tanh + tl.load(cond, mask=mask, other=0.0).to(tl.float32)
         s_in = z_sigmoid + tl.load(cond + C, mask=mask, other=0.0).to(tl.float32)
-        acts = (2.0 * tl.sigmoid(2.0 * a_in) - 1.0) * tl.sigmoid(s_in)   # tanh(a) = 2 sigmoid(2a) - 1
+        if GATE == 0:
+            acts = (2.0 * tl.sigmoid(2.0 * a_in) - 1.0) * tl.sigmoid(s_in)   # tanh(a) = 2 sigmoid(2a) - 1
+        elif GATE == 1:   # sigmoid(s) = (1 + tanh(s / 2)) / 2
+            acts = _tanh_approx(a_in) * (0.5 + 0.5 * _tanh_approx(0.5 * s_in))
+        else:
+            acts = _tanh_approx_pairs(a_in) * (0.5 + 0.5 * _tanh_approx_pairs(0.5 * s_in))
         tl.store(out_ptr + rows64[:, None] * out_stride + cols[None, :],
                  acts.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
     def _taps_gate_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
                           cond_stride, cond_offset, out_stride,
-                          C: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                          C: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # One program: rows [m, m+BM) x columns [n, n+BN) of both halves of z.
         # Column blocks of one row block are neighbours in launch order, so
@@ -195,12 +213,12 @@ if triton is not None:
             acc_tanh = tl.dot(a, tl.load(w), acc_tanh, input_precision=DOT_PRECISION)
             acc_sigmoid = tl.dot(a, tl.load(w + C), acc_sigmoid, input_precision=DOT_PRECISION)
         _gate_store(acc_tanh, acc_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
-                    cond_offset, out_stride, C)
+                    cond_offset, out_stride, C, GATE)
 
     @triton.jit
     def _taps_gate_paired_tile(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, tile, n_rows, seq_len, dilation,
                                cond_stride, cond_offset, out_stride,
-                               C: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                               C: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """One tile of _taps_gate_kernel's product over weights whose tanh
         and sigmoid columns are paired (column 2j: tanh j, 2j+1: sigmoid j):
@@ -219,22 +237,23 @@ if triton is not None:
         z_tanh, z_sigmoid = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         _gate_store(z_tanh, z_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
-                    cond_offset, out_stride, C)
+                    cond_offset, out_stride, C, GATE)
 
     @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
     def _taps_gate_paired_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
                                  cond_stride, cond_offset, out_stride,
-                                 C: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                                 C: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE: tl.constexpr,
                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # One program per tile.
         _taps_gate_paired_tile(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, tl.program_id(0), n_rows, seq_len,
-                               dilation, cond_stride, cond_offset, out_stride, C, DOT_PRECISION,
+                               dilation, cond_stride, cond_offset, out_stride, C, DOT_PRECISION, GATE,
                                BLOCK_M, BLOCK_N, BLOCK_K)
 
     @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
     def _taps_gate_persistent_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
                                      cond_stride, cond_offset, out_stride,
-                                     C: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_SMS: tl.constexpr,
+                                     C: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE: tl.constexpr,
+                                     NUM_SMS: tl.constexpr,
                                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                      FLATTEN: tl.constexpr = False, PER_SM: tl.constexpr = 1):
         # PER_SM programs per SM, each taking every (NUM_SMS PER_SM)-th tile. With
@@ -244,7 +263,7 @@ if triton is not None:
         n_tiles = tl.cdiv(n_rows, BLOCK_M) * (C // BLOCK_N)
         for tile in tl.range(tl.program_id(0), n_tiles, NUM_SMS * PER_SM, flatten=FLATTEN):
             _taps_gate_paired_tile(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, tile, n_rows, seq_len,
-                                   dilation, cond_stride, cond_offset, out_stride, C, DOT_PRECISION,
+                                   dilation, cond_stride, cond_offset, out_stride, C, DOT_PRECISION, GATE,
                                    BLOCK_M, BLOCK_N, BLOCK_K)
 
     @triton.jit(do_not_specialize=["n_rows"])
@@ -452,6 +471,25 @@ def _multiprocessors(x: Tensor) -> int:
     return torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 3
 
 
+# The gate's arithmetic in the taps+gate epilogue (``taps_gate(gate=...)``):
+# "exact", tanh and sigmoid from exponentials in float32 (two special-function
+# ops each); "tanh_approx", the GPU's tanh instruction on float32, sigmoid as
+# (1 + tanh(s/2)) / 2 (one op each, relative error ~2^-11, below a float16
+# ulp); "tanh_approx_pairs", the same instruction on float16 pairs (one op
+# per two values; the inputs rounded to float16 first, as the plain float16
+# path rounds z + cond). The epilogue is bound by these ops: on an H200 the
+# exact gate took 39 % of the kernel's time (BENCHMARKS.md, runs R-S).
+# Float32 (the exactness reference) and Triton's CPU interpreter, which has
+# no GPU instructions, always use "exact".
+GATE_FORMS = ("exact", "tanh_approx", "tanh_approx_pairs")
+
+
+def _gate_index(gate: str, x: Tensor) -> int:
+    if gate not in GATE_FORMS:
+        raise ValueError(f"gate must be one of {GATE_FORMS}, not {gate!r}")
+    return GATE_FORMS.index(gate) if x.is_cuda and x.dtype != torch.float32 else 0
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     # float32 stays float32 (no TF32); the setting is moot for 16-bit inputs.
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -467,7 +505,7 @@ def pair_gate_columns(w_taps: Tensor) -> Tensor:
 
 def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
               seq_len: int, dilation: int, out: Tensor, paired: bool = False,
-              persistent: bool = False) -> Tensor:
+              persistent: bool = False, gate: str = "exact") -> Tensor:
     """One WN layer's gated activations straight from x, without a taps buffer:
 
         z = [x'(t-d) | x'(t) | x'(t+d)] @ w_taps,   x' = keep * x, zero outside [0, T)
@@ -482,8 +520,9 @@ def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
     w_taps is ``pair_gate_columns``'s layout and each tile is one product
     twice as wide, one accumulator split in the epilogue (same sums in the
     same order); ``persistent`` (paired only): the same tiles and sums from
-    one or two programs per SM, each looping over tiles. C must be a
-    multiple of 16. Returns ``out``."""
+    one or two programs per SM, each looping over tiles; ``gate``: one of
+    GATE_FORMS. N is a whole number of items (N % seq_len == 0). C must be
+    a multiple of 16. Returns ``out``."""
     n, c = x.shape
     assert x.is_contiguous() and w_taps.is_contiguous() and keep.is_contiguous()
     assert w_taps.shape == (3 * c, 2 * c) and keep.shape == (n,) and c % 16 == 0
@@ -497,7 +536,7 @@ def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
             x, keep, cond, w_taps, out, n, seq_len, dilation,
             cond.stride(0), 2 * c * layer, out.stride(0),
             sms=_multiprocessors(x) if persistent else None,
-            C=c, DOT_PRECISION=_dot_precision(x.dtype))
+            C=c, DOT_PRECISION=_dot_precision(x.dtype), GATE=_gate_index(gate, x))
     return out
 
 
@@ -561,7 +600,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["n_pad_rows", "seq_len", "pad", "dilation"])
     def _taps_gate_padded_kernel(x_desc, w_desc, cond_ptr, out_ptr, n_pad_rows, seq_len, pad, dilation,
                                  cond_stride, cond_offset, out_stride,
-                                 C: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                                 C: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE: tl.constexpr,
                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # As _taps_gate_paired_kernel, over padded rows of x: A tiles come
         # straight from the descriptor, shifted by (tap - 1) * dilation rows.
@@ -578,7 +617,7 @@ if triton is not None:
         rows64, inside = _unpadded_rows(m0 + tl.arange(0, BLOCK_M), n_pad_rows, seq_len, pad)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         _gate_store(z_tanh, z_sigmoid, cond_ptr, out_ptr, rows64, inside, cols, cond_stride,
-                    cond_offset, out_stride, C)
+                    cond_offset, out_stride, C, GATE)
 
 # One launch shape, not autotuned: descriptors carry their block shapes. A
 # 128 x 256 tile (the paired tanh and sigmoid columns) as cuBLAS's, 3 stages
@@ -592,7 +631,7 @@ def padded_available() -> bool:
 
 
 def taps_gate_padded(x_pad: Tensor, cond: Tensor, layer: int, w_paired: Tensor, seq_len: int,
-                     pad: int, dilation: int, out: Tensor) -> Tensor:
+                     pad: int, dilation: int, out: Tensor, gate: str = "exact") -> Tensor:
     """``taps_gate(..., paired=True)`` over item-padded rows:
 
     x_pad: (B * (seq_len + 2 pad), C) contiguous, each item's seq_len rows
@@ -613,7 +652,8 @@ def taps_gate_padded(x_pad: Tensor, cond: Tensor, layer: int, w_paired: Tensor, 
     grid = (triton.cdiv(n_pad, cfg["BLOCK_M"]) * (c // cfg["BLOCK_N"]),)
     _taps_gate_padded_kernel[grid](x_desc, w_desc, cond, out, n_pad, seq_len, pad, dilation,
                                    cond.stride(0), 2 * c * layer, out.stride(0),
-                                   C=c, DOT_PRECISION=_dot_precision(x_pad.dtype), **cfg)
+                                   C=c, DOT_PRECISION=_dot_precision(x_pad.dtype),
+                                   GATE=_gate_index(gate, x_pad), **cfg)
     return out
 
 

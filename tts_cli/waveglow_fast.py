@@ -35,7 +35,9 @@ tensor memory accelerator loads without masks (it needs a Triton with
 host-side tensor descriptors: asked for on CUDA without them, it is refused);
 or "matmul_persistent", "matmul_paired"'s product from one or two programs per SM
 looping over the tiles, its tile loop and K loop pipelined as one where the
-autotuner finds that faster.
+autotuner finds that faster. In the "matmul" forms the gate's tanh and
+sigmoid are computed as ``gate`` says (kernels.GATE_FORMS: exactly, or with
+the GPU's tanh instruction; 16-bit dtypes only).
 
 Weights are re-laid once at construction; nothing here does I/O.
 """
@@ -145,20 +147,33 @@ class FastWaveGlow:
 
     KERNELS_MODES = ("elementwise", "matmul", "matmul_paired", "matmul_padded", "matmul_persistent")
 
-    def __init__(self, model: WaveGlow, dtype: torch.dtype, kernels_mode: str = "elementwise"):
+    def __init__(self, model: WaveGlow, dtype: torch.dtype, kernels_mode: str = "elementwise",
+                 gate: str = "exact"):
         """``kernels_mode``: which fused form runs on CUDA with Triton (module
-        docstring); "matmul" autotunes its kernels here, on the weights' device."""
+        docstring); "matmul" autotunes its kernels here, on the weights' device.
+        ``gate``: kernels.GATE_FORMS, for the "matmul" forms; float32 is always exact."""
         self.dims = model.dims
         self.dtype = dtype
         self.flows = [_flow_weights(model, k, dtype) for k in range(self.dims.n_flows)]
         self.kernels_mode = "elementwise"
         self._set_kernels_mode(kernels_mode)
+        self.gate = "exact"
+        self._set_gate(gate)
 
-    def with_kernels(self, kernels_mode: str) -> "FastWaveGlow":
-        """This WaveGlow (the same weights, shared) running ``kernels_mode``."""
+    def with_kernels(self, kernels_mode: str | None = None, gate: str | None = None) -> "FastWaveGlow":
+        """This WaveGlow (the same weights, shared) running ``kernels_mode``
+        and ``gate`` (None: as this one)."""
         other = copy.copy(self)
-        other._set_kernels_mode(kernels_mode)
+        if kernels_mode is not None:
+            other._set_kernels_mode(kernels_mode)
+        if gate is not None:
+            other._set_gate(gate)
         return other
+
+    def _set_gate(self, gate: str) -> None:
+        if gate not in kernels.GATE_FORMS:
+            raise ValueError(f"gate must be one of {kernels.GATE_FORMS}, not {gate!r}")
+        self.gate = "exact" if self.dtype == torch.float32 else gate
 
     def _set_kernels_mode(self, kernels_mode: str) -> None:
         if kernels_mode not in self.KERNELS_MODES:
@@ -244,7 +259,7 @@ class FastWaveGlow:
         for i, tap_weight in enumerate(w.paired_taps if paired else w.taps):
             layer_acts = acts[:, c * i: c * (i + 1)]
             kernels.taps_gate(x, keep, cond, i, tap_weight, t, 2 ** i, out=layer_acts, paired=paired,
-                              persistent=persistent)
+                              persistent=persistent, gate=self.gate)
             if i < layers - 1:
                 kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
         return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
@@ -264,7 +279,7 @@ class FastWaveGlow:
         acts = x.new_empty(b * t, layers * c)
         for i, tap_weight in enumerate(w.paired_taps):
             layer_acts = acts[:, c * i: c * (i + 1)]
-            kernels.taps_gate_padded(x_pad, cond, i, tap_weight, t, pad, 2 ** i, out=layer_acts)
+            kernels.taps_gate_padded(x_pad, cond, i, tap_weight, t, pad, 2 ** i, out=layer_acts, gate=self.gate)
             if i < layers - 1:
                 kernels.residual_update_padded(layer_acts, w.res[i], w.res_bias[i], x_pad, keep, t, pad)
         return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
