@@ -525,12 +525,17 @@ def _denoiser_fft_rows(rows: int | None):
     return changes
 
 
-def _exact_gate(engine: Engine) -> dict | None:
-    """Variant: WaveGlow's taps+gate epilogue with the exact gate."""
-    fast = engine.fast_waveglow
-    if fast is None or fast.gate == "exact" or engine.device.type != "cuda":
-        return None
-    return {"fast_waveglow": fast.with_kernels(gate="exact")}
+def _waveglow_with(**change):
+    """Variant: WaveGlow changed by ``change`` (FastWaveGlow.with_kernels's
+    arguments, which are also its attributes), where the fused kernels run
+    and it is not what runs already."""
+    def changes(engine: Engine) -> dict | None:
+        fast = engine.fast_waveglow
+        if fast is None or engine.device.type != "cuda" or not kernels.available() \
+                or all(getattr(fast, k) == v for k, v in change.items()):
+            return None
+        return {"fast_waveglow": fast.with_kernels(**change)}
+    return changes
 
 
 # The corpus end to end again with one thing changed (same weights): name ->
@@ -545,14 +550,10 @@ END_TO_END_VARIANTS = {
     "fused_step": ("every decoder fusion", _every_decoder_fusion),
     "denoiser_per_item": ("denoiser item by item (before)", lambda e: {"denoise_in_batches": False}),
     "no_denoiser": ("without the denoiser (diagnostic: other audio)", lambda e: {"denoiser": None}),
-    # Run twice: the first run makes its cuFFT plans (one pair per batch
-    # length), the second finds them cached and compares with "again".
-    "denoiser_one_transform_first": ("denoiser FFTs shaped by each batch (before), first run",
-                                     _denoiser_fft_rows(None)),
-    "denoiser_one_transform": ("denoiser FFTs shaped by each batch (before), run again",
-                               _denoiser_fft_rows(None)),
     "denoiser_fft_rows_4096": ("denoiser FFTs 4,096 frames at a time (before)", _denoiser_fft_rows(4096)),
-    "exact_gate": ("WaveGlow's gate computed exactly (before)", _exact_gate),
+    "exact_gate": ("WaveGlow's gate computed exactly (before)", _waveglow_with(gate="exact")),
+    "cond_first": ("WaveGlow's conditioning read before the taps product",
+                   _waveglow_with(kernels_mode="matmul_cond_first")),
 }
 
 

@@ -172,14 +172,16 @@ if triton is not None:
                                          dtype=tl.float16, is_pure=True, pack=2).to(tl.float32)
 
     @triton.jit
-    def _gate_store(z_tanh, z_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
-                    cond_offset, out_stride, C: tl.constexpr, GATE: tl.constexpr):
-        """out = tanh(z_tanh + cond) * sigmoid(z_sigmoid + cond'), the layer's
-        conditioning columns read in place; GATE: GATE_FORMS's index."""
+    def _cond_tile(cond_ptr, rows64, in_rows, cols, cond_stride, cond_offset, C: tl.constexpr):
+        """The layer's conditioning for a tile, read in place: (tanh half, sigmoid half) in float32."""
         mask = in_rows[:, None]
         cond = cond_ptr + rows64[:, None] * cond_stride + cond_offset + cols[None, :]
-        a_in = z_tanh + tl.load(cond, mask=mask, other=0.0).to(tl.float32)
-        s_in = z_sigmoid + tl.load(cond + C, mask=mask, other=0.0).to(tl.float32)
+        return (tl.load(cond, mask=mask, other=0.0).to(tl.float32),
+                tl.load(cond + C, mask=mask, other=0.0).to(tl.float32))
+
+    @triton.jit
+    def _gate_store(a_in, s_in, out_ptr, rows64, in_rows, cols, out_stride, GATE: tl.constexpr):
+        """out = tanh(a_in) * sigmoid(s_in); GATE: GATE_FORMS's index."""
         if GATE == 0:
             acts = (2.0 * tl.sigmoid(2.0 * a_in) - 1.0) * tl.sigmoid(s_in)   # tanh(a) = 2 sigmoid(2a) - 1
         elif GATE == 1:   # sigmoid(s) = (1 + tanh(s / 2)) / 2
@@ -187,7 +189,7 @@ if triton is not None:
         else:
             acts = _tanh_approx_pairs(a_in) * (0.5 + 0.5 * _tanh_approx_pairs(0.5 * s_in))
         tl.store(out_ptr + rows64[:, None] * out_stride + cols[None, :],
-                 acts.to(out_ptr.dtype.element_ty), mask=mask)
+                 acts.to(out_ptr.dtype.element_ty), mask=in_rows[:, None])
 
     @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
     def _taps_gate_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
@@ -212,42 +214,55 @@ if triton is not None:
             w = w_block + k * (2 * C)
             acc_tanh = tl.dot(a, tl.load(w), acc_tanh, input_precision=DOT_PRECISION)
             acc_sigmoid = tl.dot(a, tl.load(w + C), acc_sigmoid, input_precision=DOT_PRECISION)
-        _gate_store(acc_tanh, acc_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
-                    cond_offset, out_stride, C, GATE)
+        cond_tanh, cond_sigmoid = _cond_tile(cond_ptr, rows64, in_rows, cols, cond_stride, cond_offset, C)
+        _gate_store(acc_tanh + cond_tanh, acc_sigmoid + cond_sigmoid, out_ptr, rows64, in_rows, cols,
+                    out_stride, GATE)
 
     @triton.jit
     def _taps_gate_paired_tile(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, tile, n_rows, seq_len, dilation,
                                cond_stride, cond_offset, out_stride,
                                C: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE: tl.constexpr,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               COND_FIRST: tl.constexpr = False):
         """One tile of _taps_gate_kernel's product over weights whose tanh
         and sigmoid columns are paired (column 2j: tanh j, 2j+1: sigmoid j):
-        one product of width 2 BN and one accumulator, split in the epilogue."""
+        one product of width 2 BN and one accumulator, split in the epilogue.
+        COND_FIRST: the accumulator starts from the conditioning, read before
+        the product's loop (its loads in flight with the first tiles'), not
+        added in the epilogue."""
         pid_m = tile // (C // BLOCK_N)
         pid_n = tile % (C // BLOCK_N)
         rows64, in_rows, ok_prev, ok_mid, ok_next = _tap_rows(keep_ptr, pid_m, n_rows, seq_len, dilation,
                                                               BLOCK_M)
         ks = tl.arange(0, BLOCK_K)
         pairs = pid_n * 2 * BLOCK_N + tl.arange(0, 2 * BLOCK_N)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         w_block = w_ptr + ks[:, None] * (2 * C) + pairs[None, :]
-        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        if COND_FIRST:
+            cond_tanh, cond_sigmoid = _cond_tile(cond_ptr, rows64, in_rows, cols, cond_stride, cond_offset, C)
+            acc = tl.reshape(tl.join(cond_tanh, cond_sigmoid), (BLOCK_M, 2 * BLOCK_N))
+        else:
+            acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
         for k in range(0, 3 * C, BLOCK_K):     # K = 3C
             a = _tap_block(x_ptr, rows64, ok_prev, ok_mid, ok_next, k, dilation, C, BLOCK_K)
             acc = tl.dot(a, tl.load(w_block + k * (2 * C)), acc, input_precision=DOT_PRECISION)
         z_tanh, z_sigmoid = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        _gate_store(z_tanh, z_sigmoid, cond_ptr, out_ptr, rows64, in_rows, cols, cond_stride,
-                    cond_offset, out_stride, C, GATE)
+        if not COND_FIRST:
+            cond_tanh, cond_sigmoid = _cond_tile(cond_ptr, rows64, in_rows, cols, cond_stride, cond_offset, C)
+            z_tanh += cond_tanh
+            z_sigmoid += cond_sigmoid
+        _gate_store(z_tanh, z_sigmoid, out_ptr, rows64, in_rows, cols, out_stride, GATE)
 
     @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
     def _taps_gate_paired_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
                                  cond_stride, cond_offset, out_stride,
                                  C: tl.constexpr, DOT_PRECISION: tl.constexpr, GATE: tl.constexpr,
-                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 COND_FIRST: tl.constexpr = False):
         # One program per tile.
         _taps_gate_paired_tile(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, tl.program_id(0), n_rows, seq_len,
                                dilation, cond_stride, cond_offset, out_stride, C, DOT_PRECISION, GATE,
-                               BLOCK_M, BLOCK_N, BLOCK_K)
+                               BLOCK_M, BLOCK_N, BLOCK_K, COND_FIRST)
 
     @triton.jit(do_not_specialize=["n_rows", "seq_len", "dilation"])
     def _taps_gate_persistent_kernel(x_ptr, keep_ptr, cond_ptr, w_ptr, out_ptr, n_rows, seq_len, dilation,
@@ -505,7 +520,7 @@ def pair_gate_columns(w_taps: Tensor) -> Tensor:
 
 def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
               seq_len: int, dilation: int, out: Tensor, paired: bool = False,
-              persistent: bool = False, gate: str = "exact") -> Tensor:
+              persistent: bool = False, gate: str = "exact", cond_first: bool = False) -> Tensor:
     """One WN layer's gated activations straight from x, without a taps buffer:
 
         z = [x'(t-d) | x'(t) | x'(t+d)] @ w_taps,   x' = keep * x, zero outside [0, T)
@@ -521,14 +536,16 @@ def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
     twice as wide, one accumulator split in the epilogue (same sums in the
     same order); ``persistent`` (paired only): the same tiles and sums from
     one or two programs per SM, each looping over tiles; ``gate``: one of
-    GATE_FORMS. N is a whole number of items (N % seq_len == 0). C must be
+    GATE_FORMS; ``cond_first`` (paired only): the product's accumulator
+    starts from the conditioning, read before its loop. N is a whole number of items (N % seq_len == 0). C must be
     a multiple of 16. Returns ``out``."""
     n, c = x.shape
     assert x.is_contiguous() and w_taps.is_contiguous() and keep.is_contiguous()
     assert w_taps.shape == (3 * c, 2 * c) and keep.shape == (n,) and c % 16 == 0
     assert cond.stride(1) == 1 and out.stride(1) == 1 and out.shape == (n, c)
     assert x.dtype == w_taps.dtype
-    assert paired or not persistent
+    assert paired or not (persistent or cond_first)
+    assert not (persistent and cond_first)
     tuned, raw = ((_taps_gate_persistent_tuned, _taps_gate_persistent_kernel) if persistent
                   else (_taps_gate_paired_tuned, _taps_gate_paired_kernel) if paired
                   else (_taps_gate_tuned, _taps_gate_kernel))
@@ -536,7 +553,8 @@ def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
             x, keep, cond, w_taps, out, n, seq_len, dilation,
             cond.stride(0), 2 * c * layer, out.stride(0),
             sms=_multiprocessors(x) if persistent else None,
-            C=c, DOT_PRECISION=_dot_precision(x.dtype), GATE=_gate_index(gate, x))
+            C=c, DOT_PRECISION=_dot_precision(x.dtype), GATE=_gate_index(gate, x),
+            **({"COND_FIRST": True} if cond_first else {}))
     return out
 
 
@@ -616,8 +634,8 @@ if triton is not None:
         z_tanh, z_sigmoid = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
         rows64, inside = _unpadded_rows(m0 + tl.arange(0, BLOCK_M), n_pad_rows, seq_len, pad)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        _gate_store(z_tanh, z_sigmoid, cond_ptr, out_ptr, rows64, inside, cols, cond_stride,
-                    cond_offset, out_stride, C, GATE)
+        cond_tanh, cond_sigmoid = _cond_tile(cond_ptr, rows64, inside, cols, cond_stride, cond_offset, C)
+        _gate_store(z_tanh + cond_tanh, z_sigmoid + cond_sigmoid, out_ptr, rows64, inside, cols, out_stride, GATE)
 
 # One launch shape, not autotuned: descriptors carry their block shapes. A
 # 128 x 256 tile (the paired tanh and sigmoid columns) as cuBLAS's, 3 stages
