@@ -422,6 +422,26 @@ def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_p
     assert audio.shape == (1, 5 * 256) and bool(torch.isfinite(audio).all())
 
 
+def test_a_diverged_waveglow_run_keeps_the_last_good_checkpoint_and_resumes_at_a_new_lr(tone_data, tmp_path,
+                                                                                      monkeypatch, capsys):
+    out = tmp_path / "wg"
+    assert _train_wg(tone_data, out, 2) == 0
+    good = torch.load(out / "checkpoint.pt", weights_only=False)
+    real_loss = train_waveglow.waveglow_loss
+    monkeypatch.setattr(train_waveglow, "waveglow_loss", lambda *a, **k: real_loss(*a, **k) * float("nan"))
+    assert _train_wg(tone_data, out, 5) == 3
+    assert "diverged by step 3" in capsys.readouterr().err
+    kept = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert kept["step"] == 2
+    assert all(torch.equal(kept["model"][k], v) for k, v in good["model"].items())
+    monkeypatch.setattr(train_waveglow, "waveglow_loss", real_loss)
+    assert train_waveglow.main(["--data", str(tone_data), "--out", str(out), "--max-steps", "3",
+                                "--batch-size", "2", "--segment", "2048", "--dims", TINY_WG,
+                                "--device", "cpu", "--lr", "1e-5"]) == 0
+    resumed = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert resumed["step"] == 3 and resumed["optimizer"]["param_groups"][0]["lr"] == 1e-5
+
+
 def test_batch_order_covers_every_utterance_each_epoch_and_resumes_by_step():
     lengths = [5, 90, 7, 60, 33, 12, 80, 3, 41, 20]
     order = common.BatchOrder(lengths, 3, seed=4)

@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -54,6 +55,30 @@ def save_checkpoint(path: Path, **state) -> None:
     tmp.replace(path)
 
 
+class Diverged(RuntimeError):
+    """The weights stopped being finite; nothing is saved over the last good checkpoint."""
+
+
+def require_finite(parameters, step: int, checkpoint: Path) -> None:
+    """Raise Diverged unless every parameter is finite. Called before every
+    save, and when a logged loss is not finite: a captured step has no
+    gradient scaler to skip a bad update, so one NaN reaches every weight."""
+    if not all(bool(torch.isfinite(p).all()) for p in parameters):
+        raise Diverged(f"training diverged by step {step}: the weights are no longer finite. Nothing was "
+                       f"saved over {checkpoint}, which keeps the last good step; resume from it with a "
+                       f"lower --lr")
+
+
+def run_training(train, args, script: str) -> int:
+    """train(args) as a script's exit status: 0, or 3 after Diverged (one line on stderr)."""
+    try:
+        train(args)
+    except Diverged as e:
+        print(f"{script}: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
 def load_checkpoint(path: Path) -> dict | None:
     if not path.exists():
         return None
@@ -72,13 +97,15 @@ def use_graphs(args) -> bool:
 CAPTURE_ERRORS = (RuntimeError, AssertionError)
 
 
-def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict, captured: bool) -> None:
-    """load_state_dict, then this run's mode: the saved param groups carry the
-    saving run's ``capturable``, and a capturable Adam keeps its step counts on
-    the device."""
+def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict, captured: bool, lr: float) -> None:
+    """load_state_dict, then this run's mode and learning rate: the saved
+    param groups carry the saving run's ``capturable`` and ``lr`` (so --lr
+    would otherwise be ignored on resume), and a capturable Adam keeps its
+    step counts on the device."""
     optimizer.load_state_dict(state)
     for group in optimizer.param_groups:
         group["capturable"] = captured
+        group["lr"] = lr
         for p in group["params"]:
             entry = optimizer.state.get(p)
             if captured and entry:

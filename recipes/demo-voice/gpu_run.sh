@@ -45,7 +45,10 @@ t2_gpu=${T2_GPU:-0}
 wg_gpu=${WG_GPU:-$([ "$gpus" -ge 2 ] && echo 1 || echo 0)}
 # train MODEL GPU BATCH: train_MODEL.py on GPU for MINUTES. Both trainers
 # replay their steps from CUDA graphs; should a process fail on this
-# machine, the rest of its budget runs eagerly (slower, not lost).
+# machine, the rest of its budget runs eagerly (slower, not lost), except
+# after a divergence (exit status 3: the last good checkpoint is kept, and
+# rerunning at the same --lr would diverge again; pass a lower one in
+# TACOTRON2_ARGS / WAVEGLOW_ARGS).
 # left: what is left of MINUTES since the trainings were due to start.
 left() { python3 -c "print(max(0, $minutes - ($(date +%s) - $started) / 60))"; }
 started=$(date +%s)
@@ -56,7 +59,9 @@ train() {
     # TACOTRON2_ARGS / WAVEGLOW_ARGS: more options for one trainer (word-split)
     local extra_name="${model^^}_ARGS"
     args+=(${!extra_name:-})
-    python3 $R/train_$model.py "${args[@]}" --minutes "$(left)" \
+    python3 $R/train_$model.py "${args[@]}" --minutes "$(left)"
+    local status=$?
+    [ $status = 0 ] || [ $status = 3 ] \
     || python3 $R/train_$model.py "${args[@]}" --no-graphs --minutes "$(left)"
 }
 # T2_AFTER=FILE / WG_AFTER=FILE: that model's GPU first serves another job

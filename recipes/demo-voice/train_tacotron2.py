@@ -514,7 +514,7 @@ def train(args) -> dict:
     saved = common.load_checkpoint(out / "checkpoint.pt")
     if saved is not None:
         model.load_state_dict(saved["model"])
-        common.restore_optimizer(optimizer, saved["optimizer"], captured)
+        common.restore_optimizer(optimizer, saved["optimizer"], captured, args.lr)
         scaler.load_state_dict(saved["scaler"])
         step = saved["step"]
         log.write(event="resumed", step=step)
@@ -526,6 +526,7 @@ def train(args) -> dict:
     check = HeldOutCheck(args.data, args.device, data) if args.check else None
 
     def save() -> None:
+        common.require_finite(model.parameters(), step, out / "checkpoint.pt")
         common.save_checkpoint(out / "checkpoint.pt", model=model.state_dict(),
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                                step=step, dims=asdict(dims))
@@ -555,6 +556,8 @@ def train(args) -> dict:
         if step % args.log_every == 0 or step == 1:
             log.write(step=step, seconds=round(budget.elapsed(), 1), grad_norm=float(grad_norm),
                       **{k: float(v.detach()) for k, v in parts.items()})
+            if not torch.isfinite(parts["total"]):
+                common.require_finite(model.parameters(), step, out / "checkpoint.pt")
         if budget.elapsed() - last_save > args.save_every_minutes * 60:
             save()
             last_save = budget.elapsed()
@@ -590,8 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     # for later runs on the same machine); dynamic shapes, since batch and
     # text lengths vary.
     compiled_step = torch.compile(decoder_step, dynamic=True) if args.compile else None
-    train(args)
-    return 0
+    return common.run_training(train, args, "train_tacotron2.py")
 
 
 if __name__ == "__main__":

@@ -327,7 +327,7 @@ def train(args) -> dict:
     saved = common.load_checkpoint(out / "checkpoint.pt")
     if saved is not None:
         load_trained(model, saved["model"])
-        common.restore_optimizer(optimizer, saved["optimizer"], captured)
+        common.restore_optimizer(optimizer, saved["optimizer"], captured, args.lr)
         scaler.load_state_dict(saved["scaler"])
         step = saved["step"]
         log.write(event="resumed", step=step)
@@ -339,6 +339,7 @@ def train(args) -> dict:
     check = HeldOutCheck(args.data, args.device) if args.check else None
 
     def save() -> None:
+        common.require_finite(trainable(model), step, out / "checkpoint.pt")
         common.save_checkpoint(out / "checkpoint.pt", model=trained_state(model),
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                                step=step, dims=asdict(dims))
@@ -397,6 +398,8 @@ def train(args) -> dict:
         if step % args.log_every == 0 or step == 1:
             log.write(step=step, seconds=round(budget.elapsed(), 1), loss=float(loss.detach()),
                       grad_norm=float(grad_norm))
+            if not torch.isfinite(loss):
+                common.require_finite(trainable(model), step, out / "checkpoint.pt")
         if budget.elapsed() - last_save > args.save_every_minutes * 60:
             save()
             last_save = budget.elapsed()
@@ -420,8 +423,7 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    train(args)
-    return 0
+    return common.run_training(train, args, "train_waveglow.py")
 
 
 if __name__ == "__main__":
