@@ -35,9 +35,7 @@ tensor memory accelerator loads without masks (it needs a Triton with
 host-side tensor descriptors: asked for on CUDA without them, it is refused);
 or "matmul_persistent", "matmul_paired"'s product from one or two programs per SM
 looping over the tiles, its tile loop and K loop pipelined as one where the
-autotuner finds that faster; or "matmul_cond_first", "matmul_paired" with
-the product's accumulator starting from the layer's conditioning, read
-before the product's loop instead of in the epilogue. In the "matmul" forms the gate's tanh and
+autotuner finds that faster. In the "matmul" forms the gate's tanh and
 sigmoid are computed as ``gate`` says (kernels.GATE_FORMS: exactly, or with
 the GPU's tanh instruction; 16-bit dtypes only).
 
@@ -147,8 +145,7 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 class FastWaveGlow:
     """Inference-only WaveGlow over re-laid weights; see the module docstring."""
 
-    KERNELS_MODES = ("elementwise", "matmul", "matmul_paired", "matmul_padded", "matmul_persistent",
-                     "matmul_cond_first")
+    KERNELS_MODES = ("elementwise", "matmul", "matmul_paired", "matmul_padded", "matmul_persistent")
 
     def __init__(self, model: WaveGlow, dtype: torch.dtype, kernels_mode: str = "elementwise",
                  gate: str = "exact"):
@@ -182,7 +179,7 @@ class FastWaveGlow:
         if kernels_mode not in self.KERNELS_MODES:
             raise ValueError(f"kernels_mode must be one of {self.KERNELS_MODES}, not {kernels_mode!r}")
         self.kernels_mode = kernels_mode
-        paired = kernels_mode in ("matmul_paired", "matmul_padded", "matmul_persistent", "matmul_cond_first")
+        paired = kernels_mode in ("matmul_paired", "matmul_padded", "matmul_persistent")
         if paired != (self.flows[0].paired_taps is not None):   # a new list: copies share the old
             self.flows = [replace(w, paired_taps=[kernels.pair_gate_columns(t) for t in w.taps] if paired
                                   else None) for w in self.flows]
@@ -259,11 +256,10 @@ class FastWaveGlow:
         acts = x.new_empty(b * t, layers * c)
         paired = w.paired_taps is not None
         persistent = self.kernels_mode == "matmul_persistent"
-        cond_first = self.kernels_mode == "matmul_cond_first"
         for i, tap_weight in enumerate(w.paired_taps if paired else w.taps):
             layer_acts = acts[:, c * i: c * (i + 1)]
             kernels.taps_gate(x, keep, cond, i, tap_weight, t, 2 ** i, out=layer_acts, paired=paired,
-                              persistent=persistent, gate=self.gate, cond_first=cond_first)
+                              persistent=persistent, gate=self.gate)
             if i < layers - 1:
                 kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
         return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
