@@ -482,8 +482,8 @@ def _multiprocessors(x: Tensor) -> int:
 # (1 + tanh(s/2)) / 2 (one op each, relative error ~2^-11, below a float16
 # ulp); "tanh_approx_pairs", the same instruction on float16 pairs (one op
 # per two values; the inputs rounded to float16 first, as the plain float16
-# path rounds z + cond). The epilogue is bound by these ops: on an H200 the
-# exact gate took 39 % of the kernel's time (BENCHMARKS.md, runs R-S).
+# path rounds z + cond). On an H200 the exact gate took 39 % of the kernel's
+# time, either approximate one 31 % (BENCHMARKS.md, runs R-S).
 # Float32 (the exactness reference) and Triton's CPU interpreter, which has
 # no GPU instructions, always use "exact".
 GATE_FORMS = ("exact", "tanh_approx", "tanh_approx_pairs")
@@ -531,6 +531,7 @@ def taps_gate(x: Tensor, keep: Tensor, cond: Tensor, layer: int, w_taps: Tensor,
     n, c = x.shape
     assert x.is_contiguous() and w_taps.is_contiguous() and keep.is_contiguous()
     assert w_taps.shape == (3 * c, 2 * c) and keep.shape == (n,) and c % 16 == 0
+    assert n % seq_len == 0   # a partial last item would read past x's end
     assert cond.stride(1) == 1 and out.stride(1) == 1 and out.shape == (n, c)
     assert x.dtype == w_taps.dtype
     assert paired or not persistent
