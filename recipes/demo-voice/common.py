@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import torch
@@ -46,12 +47,23 @@ class Budget:
         return self.elapsed() >= self.seconds
 
 
-def save_checkpoint(path: Path, **state) -> None:
+def save_checkpoint(path: Path, compressed: bool = False, **state) -> None:
     """torch.save under a temporary name, then rename: a kill mid-save leaves
-    the previous checkpoint whole."""
+    the previous checkpoint whole. ``compressed``: the zip's entries deflated
+    (torch.save stores them raw). torch.load reads such a file as it is,
+    except with mmap=True, which neither our loader nor NVIDIA's code uses;
+    the demo WaveGlow's fixed upsampler, zero but for its diagonal, shrinks
+    from 13.1 MB to almost nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save(state, tmp)
+    if compressed:
+        raw = tmp.with_name(tmp.name + ".raw")
+        tmp.replace(raw)
+        with zipfile.ZipFile(raw) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+            for entry in src.infolist():
+                dst.writestr(entry.filename, src.read(entry.filename))
+        raw.unlink()
     tmp.replace(path)
 
 

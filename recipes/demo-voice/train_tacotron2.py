@@ -469,7 +469,7 @@ def export(model: Tacotron2, path: Path, step: int) -> None:
               "symbols_embedding_dim": d.embedding_dim, "encoder_embedding_dim": d.embedding_dim,
               "n_frames_per_step": 1, "mask_padding": True, "demo_voice_step": step,
               "dims": asdict(d)}
-    common.save_checkpoint(path, epoch=step, config=config, state_dict=state)
+    common.save_checkpoint(path, compressed=True, epoch=step, config=config, state_dict=state)
 
 
 # --------------------------------------------------------------------------

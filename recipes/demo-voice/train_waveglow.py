@@ -306,7 +306,7 @@ def export(model: WaveGlow, path: Path, step: int) -> None:
               "WN_config": {"n_layers": d.wn_layers, "kernel_size": d.wn_kernel,
                             "n_channels": d.wn_channels},
               "sigma": SIGMA, "demo_voice_step": step}
-    common.save_checkpoint(path, epoch=step, config=config, state_dict=state)
+    common.save_checkpoint(path, compressed=True, epoch=step, config=config, state_dict=state)
 
 
 # --------------------------------------------------------------------------
