@@ -47,6 +47,17 @@ def test_a_lines_audio_and_mel_do_not_depend_on_its_batch():
         np.testing.assert_allclose(result.audio, alone.audio, atol=1e-5 * scale)
 
 
+def test_on_cpu_waveglow_runs_folded_and_gives_the_plain_models_audio():
+    # The folded matrix-product WaveGlow (no Triton off CUDA) is faster on CPU
+    # too; its audio must be the plain model's, as the reference computes it.
+    engine = make_engine()
+    assert engine.fast_waveglow is not None and engine.graphed is None
+    jobs = [Job([20, 31, 40, 12, 50], seed=3, frames=9), Job([33, 21], seed=4, frames=4)]
+    for fast, plain in zip(engine.synthesize(jobs), engine.eager().synthesize(jobs)):
+        scale = np.abs(plain.audio).max()
+        np.testing.assert_allclose(fast.audio, plain.audio, atol=1e-5 * scale)
+
+
 @pytest.mark.parametrize("failing", [None, 1])
 def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(failing):
     # overlap_batches hands each batch on only after the next one is queued;

@@ -234,6 +234,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
     for name, fusions in DECODER_CANDIDATES.items():
         decoder_candidates.update(_decoder_candidate(engine, step_ms_1, b.batch_size, name, fusions))
     wg_tflops, wg_executed = _waveglow_tflops(engine)
+    fast_kernels = _fused_waveglow(engine)
     other_kernels = _waveglow_other_kernels(engine, wg_tflops)
     ceiling = matmul_ceiling_tflops(device, torch.float16 if dtype == torch.float32 else dtype)
     speed = summary.speed
@@ -241,8 +242,8 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         **_corpus_result(b, device, settings, summary),
         **busy,
         "decoder_fusions": "+".join(_running_fusions(engine)) or "none",
-        "waveglow_kernels": engine.fast_waveglow.kernels_mode if engine.fast_waveglow else "none",
-        "waveglow_gate": engine.fast_waveglow.gate if engine.fast_waveglow else "none",
+        "waveglow_kernels": fast_kernels.kernels_mode if fast_kernels else "none",
+        "waveglow_gate": fast_kernels.gate if fast_kernels else "none",
         "decoder_ms_per_step_batch1": step_ms_1,
         "decoder_frames_per_second_bench_batch": b.batch_size / step_ms_b * 1e3,
         "waveglow_tflops": wg_tflops, "waveglow_executed_tflops": wg_executed,
@@ -525,14 +526,20 @@ def _denoiser_fft_rows(rows: int | None):
     return changes
 
 
+def _fused_waveglow(engine: Engine) -> FastWaveGlow | None:
+    """The engine's FastWaveGlow where its Triton kernels run (CUDA with
+    Triton); elsewhere (None) it is plain torch, whatever its kernels mode."""
+    fast = engine.fast_waveglow
+    return fast if fast is not None and engine.device.type == "cuda" and kernels.available() else None
+
+
 def _waveglow_with(**change):
     """Variant: WaveGlow changed by ``change`` (FastWaveGlow.with_kernels's
     arguments, which are also its attributes), where the fused kernels run
     and it is not what runs already."""
     def changes(engine: Engine) -> dict | None:
-        fast = engine.fast_waveglow
-        if fast is None or engine.device.type != "cuda" or not kernels.available() \
-                or all(getattr(fast, k) == v for k, v in change.items()):
+        fast = _fused_waveglow(engine)
+        if fast is None or all(getattr(fast, k) == v for k, v in change.items()):
             return None
         return {"fast_waveglow": fast.with_kernels(**change)}
     return changes
@@ -624,8 +631,8 @@ WAVEGLOW_CANDIDATES = {
 def _other_waveglow_candidates(engine: Engine) -> dict[str, dict]:
     """WAVEGLOW_CANDIDATES that differ from what runs, where the fused
     kernels can run (CUDA with Triton): name -> with_kernels arguments."""
-    fast = engine.fast_waveglow
-    if fast is None or engine.device.type != "cuda" or not kernels.available():
+    fast = _fused_waveglow(engine)
+    if fast is None:
         return {}
     running = {"kernels_mode": fast.kernels_mode, "gate": fast.gate}
     return {name: change for name, (_, change) in WAVEGLOW_CANDIDATES.items()
