@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import sys
@@ -56,14 +57,14 @@ def save_checkpoint(path: Path, compressed: bool = False, **state) -> None:
     from 13.1 MB to almost nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(state, tmp)
     if compressed:
-        raw = tmp.with_name(tmp.name + ".raw")
-        tmp.replace(raw)
+        raw = io.BytesIO()
+        torch.save(state, raw)
         with zipfile.ZipFile(raw) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
             for entry in src.infolist():
                 dst.writestr(entry.filename, src.read(entry.filename))
-        raw.unlink()
+    else:
+        torch.save(state, tmp)
     tmp.replace(path)
 
 

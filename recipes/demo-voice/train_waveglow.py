@@ -27,8 +27,8 @@ even in fp16 -- the loader reads the hop from its kernel, so it cannot be
 smaller) is not trained. It is fixed to linear interpolation between
 consecutive frames, each mel band feeding only itself (so, zero off its
 diagonal, it deflates to almost nothing in the exported file); the
-conditioning layers learn the mixing. Training it would triple the resume checkpoint for little
-gain on a voice this regular.
+conditioning layers learn the mixing. Training it would triple the resume
+checkpoint for little gain on a voice this regular.
 """
 from __future__ import annotations
 
