@@ -167,7 +167,7 @@ class Engine:
     """
 
     def __init__(self, tacotron2: Tacotron2, waveglow: WaveGlow, device: torch.device,
-                 dtype: torch.dtype, settings: SynthesisSettings, fast: bool | None = None):
+                 dtype: torch.dtype, settings: SynthesisSettings, fast: bool = True):
         self.device, self.dtype, self.settings = device, dtype, settings
         if dtype == torch.float32:
             # fp32 means fp32: cuDNN would otherwise run convolutions in TF32.
@@ -175,7 +175,7 @@ class Engine:
         # float32 inverses of the 1x1 convolutions, computed once from the
         # float32 weights, before the model is cast.
         self.inverse_weights = [w.to(device) for w in waveglow.float().inverse_weights()]
-        self.fast = True if fast is None else fast
+        self.fast = fast
         # built from the float32 weights too (the folds are computed in float32)
         self.fast_waveglow = (FastWaveGlow(waveglow.to(device), dtype, WAVEGLOW_KERNELS, WAVEGLOW_GATE)
                               if self.fast else None)
