@@ -514,9 +514,8 @@ def _every_decoder_fusion(engine: Engine) -> dict | None:
     return {"graphed": _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])}
 
 
-def _denoiser_fft_rows(rows: int | None):
-    """Variant: the denoiser transforming ``rows`` frames at a time (None: each
-    slice's frames in one transform, whose shape follows the batch)."""
+def _denoiser_fft_rows(rows: int):
+    """Variant: the denoiser transforming ``rows`` frames at a time."""
     def changes(engine: Engine) -> dict | None:
         if engine.denoiser is None:
             return None
