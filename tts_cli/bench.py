@@ -408,8 +408,8 @@ def _engine(b: BenchSettings) -> Engine:
 
 def profile_only(b: BenchSettings) -> str:
     engine = _engine(b)
-    fast = engine.fast_waveglow
-    running = f"kernels_mode={fast.kernels_mode!r}, gate={fast.gate!r}" if fast else "plain"
+    fast = _fused_waveglow(engine)
+    running = f"kernels_mode={fast.kernels_mode!r}, gate={fast.gate!r}" if fast else "plain torch"
     report = f"{running} (running):\n" + waveglow_kernel_profile(engine)
     for name, change in _other_waveglow_candidates(engine).items():
         report += f"\n\n{name}:\n" + waveglow_kernel_profile(_waveglow_engine(engine, change)[0])

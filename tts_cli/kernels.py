@@ -489,10 +489,18 @@ def _multiprocessors(x: Tensor) -> int:
 GATE_FORMS = ("exact", "tanh_approx", "tanh_approx_pairs")
 
 
-def _gate_index(gate: str, x: Tensor) -> int:
+def gate_for(gate: str, dtype: torch.dtype) -> str:
+    """The gate form that runs for ``gate`` in ``dtype``: "exact" in float32.
+    Raises ValueError for a name not in GATE_FORMS."""
     if gate not in GATE_FORMS:
         raise ValueError(f"gate must be one of {GATE_FORMS}, not {gate!r}")
-    return GATE_FORMS.index(gate) if x.is_cuda and x.dtype != torch.float32 else 0
+    return "exact" if dtype == torch.float32 else gate
+
+
+def _gate_index(gate: str, x: Tensor) -> int:
+    """GATE for a kernel over x: exact under the interpreter (x on the CPU)."""
+    form = gate_for(gate, x.dtype)
+    return GATE_FORMS.index(form) if x.is_cuda else 0
 
 
 def _dot_precision(dtype: torch.dtype) -> str:

@@ -154,11 +154,10 @@ class FastWaveGlow:
         ``gate``: kernels.GATE_FORMS, for the "matmul" forms; float32 is always exact."""
         self.dims = model.dims
         self.dtype = dtype
+        self.gate = kernels.gate_for(gate, dtype)
         self.flows = [_flow_weights(model, k, dtype) for k in range(self.dims.n_flows)]
         self.kernels_mode = "elementwise"
         self._set_kernels_mode(kernels_mode)
-        self.gate = "exact"
-        self._set_gate(gate)
 
     def with_kernels(self, kernels_mode: str | None = None, gate: str | None = None) -> "FastWaveGlow":
         """This WaveGlow (the same weights, shared) running ``kernels_mode``
@@ -167,13 +166,8 @@ class FastWaveGlow:
         if kernels_mode is not None:
             other._set_kernels_mode(kernels_mode)
         if gate is not None:
-            other._set_gate(gate)
+            other.gate = kernels.gate_for(gate, self.dtype)
         return other
-
-    def _set_gate(self, gate: str) -> None:
-        if gate not in kernels.GATE_FORMS:
-            raise ValueError(f"gate must be one of {kernels.GATE_FORMS}, not {gate!r}")
-        self.gate = "exact" if self.dtype == torch.float32 else gate
 
     def _set_kernels_mode(self, kernels_mode: str) -> None:
         if kernels_mode not in self.KERNELS_MODES:
