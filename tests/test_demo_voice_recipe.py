@@ -387,10 +387,10 @@ def test_loss_is_the_reference_negative_log_likelihood():
     assert float(loss) == pytest.approx((160 / 2 - 16 - 4) / 160)
 
 
-def _train_wg(data, out, steps):
+def _train_wg(data, out, steps, *more):
     return train_waveglow.main(["--data", str(data), "--out", str(out), "--max-steps", str(steps),
                                 "--batch-size", "2", "--segment", "2048", "--log-every", "1",
-                                "--dims", TINY_WG, "--device", "cpu"])
+                                "--dims", TINY_WG, "--device", "cpu", *more])
 
 
 def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_path):
@@ -424,6 +424,25 @@ def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_p
     assert audio.shape == (1, 5 * 256) and bool(torch.isfinite(audio).all())
 
 
+def test_a_waveglow_step_without_a_finite_gradient_is_skipped_and_training_goes_on(tone_data, tmp_path,
+                                                                                    monkeypatch):
+    out = tmp_path / "wg"
+    real_loss = train_waveglow.waveglow_loss
+    calls = []
+
+    def nan_at_step_2(*a, **k):   # the second training step's loss is NaN, the others are not
+        calls.append(1)
+        return real_loss(*a, **k) * (float("nan") if len(calls) == 2 else 1.0)
+    monkeypatch.setattr(train_waveglow, "waveglow_loss", nan_at_step_2)
+    assert _train_wg(tone_data, out, 4) == 0
+    log = _log(out)
+    steps = [r for r in log if "loss" in r]
+    assert [r["skipped"] for r in steps] == [0, 1, 1, 1]
+    assert math.isnan(steps[1]["loss"]) and math.isfinite(steps[3]["loss"])
+    saved = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert saved["step"] == 4 and all(bool(torch.isfinite(v).all()) for v in saved["model"].values())
+
+
 def test_a_diverged_waveglow_run_keeps_the_last_good_checkpoint_and_resumes_at_a_new_lr(tone_data, tmp_path,
                                                                                       monkeypatch, capsys):
     out = tmp_path / "wg"
@@ -431,8 +450,8 @@ def test_a_diverged_waveglow_run_keeps_the_last_good_checkpoint_and_resumes_at_a
     good = torch.load(out / "checkpoint.pt", weights_only=False)
     real_loss = train_waveglow.waveglow_loss
     monkeypatch.setattr(train_waveglow, "waveglow_loss", lambda *a, **k: real_loss(*a, **k) * float("nan"))
-    assert _train_wg(tone_data, out, 5) == 3
-    assert "diverged by step 3" in capsys.readouterr().err
+    assert _train_wg(tone_data, out, 9, "--max-skipped", "3") == 3
+    assert "diverged by step 5: its last 3 steps had no finite gradient" in capsys.readouterr().err
     kept = torch.load(out / "checkpoint.pt", weights_only=False)
     assert kept["step"] == 2
     assert all(torch.equal(kept["model"][k], v) for k, v in good["model"].items())

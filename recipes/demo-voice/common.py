@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -80,6 +81,32 @@ def require_finite(parameters, step: int, checkpoint: Path) -> None:
         raise Diverged(f"training diverged by step {step}: the weights are no longer finite. Nothing was "
                        f"saved over {checkpoint}, which keeps the last good step; resume from it with a "
                        f"lower --lr")
+
+
+def skip_if_not_finite(parameters, grad_norm: Tensor, skipped_in_a_row: Tensor,
+                       skipped_in_all: Tensor) -> None:
+    """Make this step a no-op for the weights where its gradient is not
+    finite (what a GradScaler does for fp16; a captured bf16 step has none):
+    the gradients are zeroed, so Adam moves the weights by its momentum alone
+    instead of spreading a NaN into every one. Branch-free, so it runs inside
+    a CUDA graph. ``skipped_in_a_row`` and ``skipped_in_all`` (0-d device
+    tensors) count the skipped steps, consecutive (a finite step resets it)
+    and in all."""
+    finite = torch.isfinite(grad_norm)
+    for p in parameters:
+        if p.grad is not None:
+            p.grad.nan_to_num_(0.0, 0.0, 0.0).mul_(finite)
+    skipped_in_a_row.add_(1).mul_(~finite)
+    skipped_in_all.add_(~finite)
+
+
+def require_few_skipped(skipped_in_a_row: Tensor, limit: int, step: int, checkpoint: Path) -> None:
+    """Raise Diverged once ``limit`` steps in a row had no finite gradient:
+    the weights are finite but no batch trains them any more."""
+    if int(skipped_in_a_row) >= limit:
+        raise Diverged(f"training diverged by step {step}: its last {int(skipped_in_a_row)} steps had no "
+                       f"finite gradient. Nothing was saved over {checkpoint}, which keeps the last good "
+                       f"step; resume from it with a lower --lr")
 
 
 def run_training(train, args, script: str) -> int:

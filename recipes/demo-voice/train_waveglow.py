@@ -340,6 +340,7 @@ def train(args) -> dict:
     check = HeldOutCheck(args.data, args.device) if args.check else None
 
     def save() -> None:
+        common.require_few_skipped(skipped_in_a_row, args.max_skipped, step, out / "checkpoint.pt")
         common.require_finite(trainable(model), step, out / "checkpoint.pt")
         common.save_checkpoint(out / "checkpoint.pt", model=trained_state(model),
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
@@ -353,11 +354,16 @@ def train(args) -> dict:
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + at_step)
         return data.batch(args.batch_size, args.segment, g)
 
+    # Steps whose gradient was not finite (skipped): in a row, and in all this run.
+    skipped_in_a_row, skipped_in_all = (torch.zeros((), dtype=torch.long, device=args.device)
+                                        for _ in range(2))
+
     def graph_step(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
         z, log_s, log_det = flow_forward(model, inputs["audio"], inputs["mel"], args.precision)
         loss = waveglow_loss(z, log_s, log_det)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), args.clip)
+        common.skip_if_not_finite(trainable(model), grad_norm, skipped_in_a_row, skipped_in_all)
         optimizer.step()
         return {"loss": loss, "grad_norm": grad_norm}
 
@@ -393,12 +399,14 @@ def train(args) -> dict:
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), args.clip)
+            common.skip_if_not_finite(trainable(model), grad_norm, skipped_in_a_row, skipped_in_all)
             scaler.step(optimizer)
             scaler.update()
         step += 1
         if step % args.log_every == 0 or step == 1:
             log.write(step=step, seconds=round(budget.elapsed(), 1), loss=float(loss.detach()),
-                      grad_norm=float(grad_norm))
+                      grad_norm=float(grad_norm), skipped=int(skipped_in_all))
+            common.require_few_skipped(skipped_in_a_row, args.max_skipped, step, out / "checkpoint.pt")
             if not torch.isfinite(loss):
                 common.require_finite(trainable(model), step, out / "checkpoint.pt")
         if budget.elapsed() - last_save > args.save_every_minutes * 60:
@@ -417,6 +425,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--segment", type=int, default=SEGMENT)
     p.add_argument("--clip", type=float, default=100.0,
                    help="gradient-norm clip; only catches rare spikes (the reference has none)")
+    p.add_argument("--max-skipped", type=int, default=50,
+                   help="stop as diverged after this many steps in a row without a finite gradient "
+                        "(each is skipped)")
     p.add_argument("--dims", type=common.parse_dims, default=None,
                    help="override DEMO_DIMS, e.g. 'n_flows=4,wn_channels=8' (tests)")
     return common.finish_arguments(p, argv)
