@@ -205,7 +205,7 @@ def test_the_fused_prenet_kernel_equals_the_prenet_module_on_the_gpu():
         masks = [((torch.rand(5, 256, device="cuda") > 0.5) * 2.0).to(dtype) for _ in range(2)]
         for keep in (masks, None):
             out = torch.empty(5, 256, device="cuda", dtype=dtype)
-            kernels.prenet_step(frame, w1, w2, *(keep or (None, None)), out)
+            kernels.prenet_step(frame, w1, w2, keep, out)
             with torch.no_grad():
                 expected = module(frame.float(), None if keep is None else [m.float() for m in keep])
             err = (out.float() - expected).abs().max().item()
@@ -214,8 +214,7 @@ def test_the_fused_prenet_kernel_equals_the_prenet_module_on_the_gpu():
             for i in range(5):
                 alone = torch.empty(1, 256, device="cuda", dtype=dtype)
                 kernels.prenet_step(frame[i: i + 1], w1, w2,
-                                    *((None, None) if keep is None else (keep[0][i: i + 1], keep[1][i: i + 1])),
-                                    alone)
+                                    None if keep is None else [m[i: i + 1] for m in keep], alone)
                 assert torch.equal(alone[0], out[i])
 
 

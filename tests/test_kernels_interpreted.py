@@ -232,7 +232,7 @@ def prenet_errors(dtype_name: str) -> dict:
     import dataclasses
     import torch
     from tts_cli import kernels
-    from tts_cli.tacotron2 import PUBLISHED_DIMS, Prenet
+    from tts_cli.tacotron2 import PUBLISHED_DIMS, Prenet, prenet_keep_masks
     dtype = getattr(torch, dtype_name)
     errors = {"out": 0.0, "out_no_masks": 0.0, "batched_vs_alone": 0.0}
     default_block = kernels._PRENET_BLOCK_O
@@ -246,8 +246,8 @@ def prenet_errors(dtype_name: str) -> dict:
 
         def fused(rows, keep):
             out = torch.full((len(rows), h2), float("nan"), dtype=dtype)
-            m1, m2 = (m[rows].contiguous() for m in masks) if keep else (None, None)
-            return kernels.prenet_step(frame[rows], w1, w2, m1, m2, out)
+            return kernels.prenet_step(frame[rows], w1, w2,
+                                       [m[rows].contiguous() for m in masks] if keep else None, out)
 
         for block in (default_block, 16):
             kernels._PRENET_BLOCK_O = block
@@ -261,6 +261,14 @@ def prenet_errors(dtype_name: str) -> dict:
                 errors["batched_vs_alone"] = max(errors["batched_vs_alone"],
                                                  worst(got[i: i + 1], fused([i], True).float()))
         kernels._PRENET_BLOCK_O = default_block
+        # masks drawn in the kernel from (seed, step): the masks
+        # prenet_keep_masks draws, so the same output bitwise
+        seeds, steps = torch.tensor([4, 2 ** 31 - 1, 77]), torch.tensor([9, 9, 9])
+        drawn = prenet_keep_masks(seeds, steps, dims, 0.5, dtype)
+        out = torch.full((3, h2), float("nan"), dtype=dtype)
+        kernels.prenet_step(frame, w1, w2, kernels.StepDropout(seeds, torch.tensor([5]), 4, 0.5), out)
+        given = kernels.prenet_step(frame, w1, w2, drawn, torch.empty(3, h2, dtype=dtype))
+        errors["drawn_vs_given_masks"] = max(errors.get("drawn_vs_given_masks", 0.0), worst(out, given))
         print(name, errors, file=sys.stderr)
     return errors
 
@@ -491,6 +499,8 @@ def test_fused_prenet_step_equals_the_prenet_module_under_the_interpreter(dtype,
     assert errors["out"] < tol and errors["out_no_masks"] < tol
     # each row on its own, in a fixed order: bitwise batched == alone
     assert errors["batched_vs_alone"] == 0.0
+    # masks drawn in the kernel are prenet_keep_masks' own, bit for bit
+    assert errors["drawn_vs_given_masks"] == 0.0
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 5e-3), ("bfloat16", 4e-2)])

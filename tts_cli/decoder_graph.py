@@ -17,7 +17,8 @@ block (~12 small kernels: query product, location convolution and dense
 layer, tanh, energies, masked softmax, context, cumulative add) runs as one
 Triton launch, ``kernels.attention_step``; off by default. Two more
 fusions, off by default too: ``fused_prenet=True`` (CUDA with Triton only)
-runs the prenet (2 products, 2 relus, 2 dropout masks) as one launch,
+runs the prenet (2 products, 2 relus, 2 dropout masks, the masks drawn in
+the kernel from each row's seed and the step) as one launch,
 ``kernels.prenet_step``; ``fused_output=True`` (any device, plain torch)
 computes the frame and the gate logit with one product over the projection
 and gate weights stacked once (``_FusedOutput``), instead of two. And
@@ -99,10 +100,9 @@ class _FusedPrenet:
     def __init__(self, prenet: Prenet):
         self.w1, self.w2 = (layer.linear_layer.weight.detach().contiguous() for layer in prenet.layers)
 
-    def __call__(self, frame: Tensor, keep_masks: list[Tensor] | None) -> Tensor:
+    def __call__(self, frame: Tensor, keep_masks: list[Tensor] | kernels.StepDropout | None) -> Tensor:
         out = frame.new_empty(frame.shape[0], self.w2.shape[0])
-        mask1, mask2 = keep_masks if keep_masks is not None else (None, None)
-        return kernels.prenet_step(frame, self.w1, self.w2, mask1, mask2, out)
+        return kernels.prenet_step(frame, self.w1, self.w2, keep_masks, out)
 
 
 class _FusedOutput:
@@ -304,8 +304,12 @@ class GraphedDecoder:
         state = g.state
         small = g.seeds.shape[0] <= self.fused_rnn_max_batch
         attention_rnn, decoder_rnn = (self.attention_rnn, self.decoder_rnn) if small else (None, None)
-        masks = masks_for_steps(g.seeds, g.step, self.k, self.model.dims, cfg.prenet_dropout,
-                                g.memory.dtype)
+        if self.prenet is not None:   # the fused prenet draws each step's masks itself
+            masks = ([kernels.StepDropout(g.seeds, g.step, j, cfg.prenet_dropout) for j in range(self.k)]
+                     if cfg.prenet_dropout > 0 else None)
+        else:
+            masks = masks_for_steps(g.seeds, g.step, self.k, self.model.dims, cfg.prenet_dropout,
+                                    g.memory.dtype)
         for j in range(self.k):
             state, gate = self.model.decoder.step(state, g.memory, g.processed, g.invalid,
                                                   masks[j] if masks is not None else None,

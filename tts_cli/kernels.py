@@ -45,14 +45,22 @@ graphs of few rows):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+from tts_cli.randomness import MIX_MULTIPLIERS
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # CPU-only installs: the plain torch path runs instead
     triton = None
+
+
+if triton is not None:
+    MIX_M1, MIX_M2 = (tl.constexpr(m) for m in MIX_MULTIPLIERS)   # randomness.mix32's, for _mix32
 
 
 def available() -> bool:
@@ -856,31 +864,60 @@ def attention_step(ah: Tensor, w_query: Tensor, w_location: Tensor, weights: Ten
 
 if triton is not None:
     @triton.jit
+    def _mix32(x):
+        # randomness.mix32 on int64 holding 32-bit values (the same masks
+        # and shifts, so the same bits on any backend and in the interpreter)
+        x = x ^ (x >> 16)
+        x = (x * MIX_M1) & 0xFFFFFFFF
+        x = x ^ (x >> 15)
+        x = (x * MIX_M2) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    @triton.jit
+    def _dropout_keep(seed, step, stream, units, P, SCALE):
+        # randomness.dropout_keep for one row at one step: SCALE where the
+        # unit's uniform is >= P, else 0 (float32)
+        key = _mix32(_mix32(_mix32(seed & 0xFFFFFFFF) ^ stream) ^ (step & 0xFFFFFFFF))
+        bits = _mix32(key ^ units.to(tl.int64))
+        uniform = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        return tl.where(uniform >= P, SCALE, 0.0)
+
+    @triton.jit
     def _prenet_step_kernel(x_ptr, w1_ptr, w2_ptr, m1_ptr, m2_ptr, out_ptr, x_stride,
+                            seeds_ptr, step_ptr, step_offset, P, SCALE,
                             K: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr,
-                            HAS_MASKS: tl.constexpr, BLOCK_K: tl.constexpr,
+                            MASKS: tl.constexpr, BLOCK_K: tl.constexpr,
                             BLOCK_H1: tl.constexpr, BLOCK_O: tl.constexpr):
         # Program (row, o): the row's whole first layer (every program of the
         # row computes the same h, in the same order), then outputs
         # o*BLOCK_O .. o*BLOCK_O + BLOCK_O - 1 of the second. Nothing depends
         # on the batch: a row's result is the same in any batch, bitwise.
+        # MASKS: 0 none, 1 read from m1_ptr and m2_ptr, 2 drawn here from the
+        # row's seed and the step (streams 1 and 2, as prenet_keep_masks).
         row = tl.program_id(0).to(tl.int64)
         j = tl.arange(0, BLOCK_H1)
         in_j = j < H1
+        o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
+        in_o = o < H2
+        if MASKS == 2:
+            seed = tl.load(seeds_ptr + row)
+            step = tl.load(step_ptr) + step_offset
 
         # h = relu(W1 x) * keep1, float32, kept in registers (never rounded)
         h = tl.maximum(_matrix_times_row(w1_ptr, x_ptr + row * x_stride, j, in_j, K, BLOCK_H1, BLOCK_K), 0.0)
-        if HAS_MASKS:
+        if MASKS == 1:
             h = h * tl.load(m1_ptr + row * H1 + j, mask=in_j, other=0.0).to(tl.float32)
+        if MASKS == 2:
+            h = h * _dropout_keep(seed, step, 1, j, P, SCALE)
 
         # y = relu(W2 h) * keep2 for this program's block of outputs
-        o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
-        in_o = o < H2
         w = tl.load(w2_ptr + o[:, None] * H1 + j[None, :], mask=in_o[:, None] & in_j[None, :],
                     other=0.0).to(tl.float32)
         y = tl.maximum(tl.sum(w * h[None, :], axis=1), 0.0)
-        if HAS_MASKS:
+        if MASKS == 1:
             y = y * tl.load(m2_ptr + row * H2 + o, mask=in_o, other=0.0).to(tl.float32)
+        if MASKS == 2:
+            y = y * _dropout_keep(seed, step, 2, o, P, SCALE)
         tl.store(out_ptr + row * H2 + o, y.to(out_ptr.dtype.element_ty), mask=in_o)
 
 
@@ -891,8 +928,20 @@ if triton is not None:
 _PRENET_WARPS, _PRENET_BLOCK_K, _PRENET_BLOCK_O = 8, 32, 64
 
 
-def prenet_step(frame: Tensor, w1: Tensor, w2: Tensor, mask1: Tensor | None,
-                mask2: Tensor | None, out: Tensor) -> Tensor:
+@dataclass(frozen=True)
+class StepDropout:
+    """The prenet's dropout keep masks for one decoder step, to be drawn
+    inside ``prenet_step`` as ``tacotron2.prenet_keep_masks`` draws them: each
+    row's seed (B,) int64, the step as ``step`` (a (1,) int64 device tensor,
+    so a CUDA graph replays at any step) + ``offset``, and the drop rate."""
+    seeds: Tensor
+    step: Tensor
+    offset: int
+    p: float
+
+
+def prenet_step(frame: Tensor, w1: Tensor, w2: Tensor, masks: list[Tensor] | StepDropout | None,
+                out: Tensor) -> Tensor:
     """Tacotron2's two-layer prenet for one decoder step, in one launch
     (inference only):
 
@@ -900,25 +949,34 @@ def prenet_step(frame: Tensor, w1: Tensor, w2: Tensor, mask1: Tensor | None,
 
     frame: (B, K), row stride free (e.g. a view of a wider buffer); w1:
     (H1, K) and w2: (H2, H1), contiguous (nn.Linear's weights, no bias);
-    mask1: (B, H1) and mask2: (B, H2), contiguous, the per-row dropout keep
-    masks already scaled by 1/(1-p), or both None (no dropout); out: (B, H2)
-    contiguous. One dtype for frame and the weights. float32 accumulation,
-    the hidden layer kept in float32, one rounding at the output; each row
-    is computed on its own, in an order that does not depend on B. Returns
+    masks: the per-row dropout keep masks already scaled by 1/(1-p), [(B, H1),
+    (B, H2)] contiguous; or a ``StepDropout`` to draw the same masks here
+    (no mask kernels); or None (no dropout); out: (B, H2) contiguous. One
+    dtype for frame, the weights and given masks. float32 accumulation, the
+    hidden layer kept in float32, one rounding at the output; each row is
+    computed on its own, in an order that does not depend on B. Returns
     ``out``."""
     b, k = frame.shape
     h1, h2 = w1.shape[0], w2.shape[0]
     assert w1.shape == (h1, k) and w2.shape == (h2, h1) and out.shape == (b, h2)
     assert frame.stride(1) == 1 and w1.is_contiguous() and w2.is_contiguous() and out.is_contiguous()
     assert frame.dtype == w1.dtype == w2.dtype
-    assert (mask1 is None) == (mask2 is None)
-    if mask1 is not None:
+    mask1 = mask2 = out                   # unread unless MASKS == 1
+    seeds, step, offset, p, scale = out, out, 0, 0.0, 0.0   # unread unless MASKS == 2
+    if isinstance(masks, StepDropout):
+        assert masks.seeds.shape == (b,) and masks.step.numel() == 1 and 0.0 < masks.p < 1.0
+        seeds, step, offset, p = masks.seeds, masks.step, masks.offset, masks.p
+        # the keep value as randomness.dropout_keep makes it and .to(dtype) rounds it
+        scale = float(torch.tensor(1.0 / (1.0 - p), dtype=torch.float32).to(frame.dtype))
+    elif masks is not None:
+        mask1, mask2 = masks
         assert mask1.shape == (b, h1) and mask2.shape == (b, h2)
         assert mask1.is_contiguous() and mask2.is_contiguous()
+    mode = 0 if masks is None else 2 if isinstance(masks, StepDropout) else 1
     block_o = min(_PRENET_BLOCK_O, _pow2(h2))
     _prenet_step_kernel[(b, triton.cdiv(h2, block_o))](
-        frame, w1, w2, mask1 if mask1 is not None else out, mask2 if mask2 is not None else out,
-        out, frame.stride(0), K=k, H1=h1, H2=h2, HAS_MASKS=mask1 is not None,
+        frame, w1, w2, mask1, mask2, out, frame.stride(0), seeds, step, offset, p, scale,
+        K=k, H1=h1, H2=h2, MASKS=mode,
         BLOCK_K=min(_PRENET_BLOCK_K, _pow2(k)), BLOCK_H1=_pow2(h1), BLOCK_O=block_o,
         num_warps=_PRENET_WARPS)
     return out
