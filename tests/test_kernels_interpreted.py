@@ -374,8 +374,10 @@ def fused_rnn_decoder_errors(dtype_name: str) -> dict:
         graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_rnn=True,
                                                fused_rnn_max_batch=64)
         assert graphed.attention_rnn is None and graphed.decoder_rnn is None   # not on CUDA
+        assert graphed.output_rows is None
         graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
         graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
+        graphed.output_rows = decoder_graph._FusedOutput(model.decoder)
         return graphed
     return _graph_decoder_errors(plug)
 
@@ -390,22 +392,75 @@ def fused_rnn_batch_limit_calls(dtype_name: str) -> dict:
     from tts_cli.tacotron2 import DecodeSettings
     from tiny_models import tiny_tacotron2
     assert dtype_name == "float32"
-    calls = []
-    launch = kernels.lstm_cell
+    calls, outputs = [], []
+    launch, launch_output = kernels.lstm_cell, kernels.output_step
     kernels.lstm_cell = lambda *args: calls.append(1) or launch(*args)
+    kernels.output_step = lambda *args: outputs.append(1) or launch_output(*args)
     model = tiny_tacotron2(seed=6)
     graphed = decoder_graph.GraphedDecoder(model, DecodeSettings(max_decoder_steps=8), steps_per_graph=8,
                                            fused_rnn=True)
     graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
     graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
+    graphed.output_rows = decoder_graph._FusedOutput(model.decoder)
     ids, lengths = pad_sequences([[12, 13, 14], [15, 16], [17, 18, 19, 20]])
     counts = {}
     with torch.inference_mode():
         graphed.decode(ids, lengths, torch.tensor([1, 2, 3]))
-        counts["batch_of_3"] = len(calls)
+        counts["batch_of_3"], counts["outputs_batch_of_3"] = len(calls), len(outputs)
         graphed.decode(ids[:1, :3], lengths[:1], torch.tensor([1]))
         counts["one_line"] = len(calls) - counts["batch_of_3"]
+        counts["outputs_one_line"] = len(outputs) - counts["outputs_batch_of_3"]
     return counts
+
+
+def output_errors(dtype_name: str) -> dict:
+    """kernels.output_step against the projection and gate layers on
+    cat(decoder hidden, context) (in float32 on the same rounded weights and
+    inputs), its inputs read through row strides wider than their widths and
+    its outputs written into views of wider buffers (as the graph decoder
+    keeps them), with 16 outputs per program too (the last program partly
+    past the gate row): max abs errors of frame and gate; and the largest
+    difference between a row computed in a batch of 3 and alone, which must
+    be 0."""
+    import dataclasses
+    import torch
+    from tts_cli import kernels
+    from tts_cli.decoder_graph import _FusedOutput
+    from tts_cli.tacotron2 import PUBLISHED_DIMS, Decoder
+    dtype = getattr(torch, dtype_name)
+    errors = {"frame": 0.0, "gate": 0.0, "batched_vs_alone": 0.0}
+    default_block = kernels._OUTPUT_BLOCK_O
+    for n_mel, d, e in ((5, 24, 40), (80, 1024, 512)):
+        torch.manual_seed(5)
+        dims = dataclasses.replace(PUBLISHED_DIMS, n_mel=n_mel, decoder_rnn_dim=d, embedding_dim=e)
+        decoder = Decoder(dims).eval().to(dtype)
+        stacked = _FusedOutput(decoder)
+        wide = torch.randn(3, d + e + 5).to(dtype)
+        hidden, context = wide[:, :d], wide[:, d + 5:]
+        projection, gate_layer = decoder.linear_projection.linear_layer, decoder.gate_layer.linear_layer
+        with torch.no_grad():
+            x = torch.cat((hidden, context), 1).float()
+            frame_ref = x @ projection.weight.float().t() + projection.bias.float()
+            gate_ref = (x @ gate_layer.weight.float().t() + gate_layer.bias.float())[:, 0]
+
+        def fused(rows):
+            frames = torch.full((2, len(rows), n_mel + 3), float("nan"), dtype=dtype)[1, :, :n_mel]
+            gates = torch.full((len(rows), 2), float("nan"), dtype=dtype)[:, 1]
+            return kernels.output_step(hidden[rows], context[rows], stacked.weight, stacked.bias,
+                                       frames, gates)
+
+        for block in (default_block, 16):
+            kernels._OUTPUT_BLOCK_O = block
+            frame, gate = fused([0, 1, 2])
+            errors["frame"] = max(errors["frame"], worst(frame, frame_ref))
+            errors["gate"] = max(errors["gate"], worst(gate, gate_ref))
+            for i in range(3):
+                alone = fused([i])
+                errors["batched_vs_alone"] = max(errors["batched_vs_alone"], worst(frame[i], alone[0][0]),
+                                                 worst(gate[i], alone[1][0]))
+        kernels._OUTPUT_BLOCK_O = default_block
+        print(n_mel, errors, file=sys.stderr)
+    return errors
 
 
 def fused_step_decoder_errors(dtype_name: str) -> dict:
@@ -419,11 +474,12 @@ def fused_step_decoder_errors(dtype_name: str) -> dict:
                                                fused_prenet=True, fused_output=True, fused_rnn=True,
                                                fused_rnn_max_batch=64)
         assert graphed.attention is None and graphed.prenet is None and graphed.output is not None
-        assert graphed.attention_rnn is None and graphed.decoder_rnn is None
+        assert graphed.attention_rnn is None and graphed.decoder_rnn is None and graphed.output_rows is None
         graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
         graphed.prenet = decoder_graph._FusedPrenet(model.decoder.prenet)
         graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
         graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
+        graphed.output_rows = decoder_graph._FusedOutput(model.decoder)
         return graphed
     return _graph_decoder_errors(plug)
 
@@ -514,13 +570,24 @@ def test_fused_lstm_cell_equals_nn_lstmcell_under_the_interpreter(dtype, tol):
     assert errors["batched_vs_alone"] == 0.0
 
 
-def test_the_fused_lstm_cells_run_only_in_graphs_of_one_row_by_default():
+def test_the_fused_lstm_cells_and_output_run_only_in_graphs_of_one_row_by_default():
     """Their programs read all the weights for every row, so larger batches
     keep cuBLAS's products (fused_rnn_max_batch, default 1)."""
     pytest.importorskip("triton")
     result = interpreted("fused_rnn_batch_limit_calls", "float32")
-    assert result["batch_of_3"] == 0
+    assert result["batch_of_3"] == 0 and result["outputs_batch_of_3"] == 0
     assert result["one_line"] == 2 * 8   # two cells, 8 steps (one graph's worth)
+    assert result["outputs_one_line"] == 8
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-2)])
+def test_fused_output_step_equals_the_projection_and_gate_layers_under_the_interpreter(dtype, tol):
+    pytest.importorskip("triton")
+    errors = interpreted("output_errors", dtype)
+    # float16: one rounding of outputs up to ~4 (half an ulp: 2e-3)
+    assert errors["frame"] < tol and errors["gate"] < tol
+    # each row on its own, in a fixed order: bitwise batched == alone
+    assert errors["batched_vs_alone"] == 0.0
 
 
 if __name__ == "__main__":

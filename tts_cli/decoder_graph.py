@@ -25,8 +25,10 @@ and gate weights stacked once (``_FusedOutput``), instead of two. And
 ``fused_rnn=True`` (CUDA with Triton only, off by default) runs each of the
 two LSTM cells (a concatenation, two products and the pointwise cell update)
 as one launch, ``kernels.lstm_cell``: its two inputs read in place (no
-concatenation), [W_ih | W_hh] stored once per cell (``_FusedLSTMCell``).
-Each row's programs read all of the weights, so the fused cells only run in
+concatenation), [W_ih | W_hh] stored once per cell (``_FusedLSTMCell``);
+and the projection and gate layer as one launch, ``kernels.output_step``,
+which writes the frame and the gate logit straight into the graph's buffers.
+Each row's programs read all of the weights, so these kernels only run in
 graphs of at most ``fused_rnn_max_batch`` rows (default 1); larger batches
 keep cuBLAS's products, which read the weights once for all rows (on an H200
 every fusion with the LSTM cells at batch 128 ran the job 0.83x as fast).
@@ -67,6 +69,7 @@ class _Graph:
     gated: Tensor             # (B,) bool, the gate fired
     all_done: Tensor          # () bool
     mels: Tensor              # (max_steps + K, B, n_mel) decoder frames by step
+    frames: Tensor            # (K, B, n_mel) this graph's frames, copied into mels once after its K steps
     gates: Tensor             # (K, B) this graph's gate logits, judged once after its K steps
     offsets: Tensor           # (K,) 0..K-1
 
@@ -121,6 +124,14 @@ class _FusedOutput:
     def __call__(self, decoder_hidden: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
         out = torch.addmm(self.bias, torch.cat((decoder_hidden, context), 1), self.weight.t())
         return out[:, :self.n_mel], out[:, self.n_mel]
+
+    def into(self, frame_out: Tensor, gate_out: Tensor):
+        """The same as a hook that runs ``kernels.output_step`` (one launch,
+        no concatenation) and writes the frame and the gate logit straight
+        into ``frame_out`` and ``gate_out``."""
+        def output(decoder_hidden: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
+            return kernels.output_step(decoder_hidden, context, self.weight, self.bias, frame_out, gate_out)
+        return output
 
 
 class _FusedLSTMCell:
@@ -181,6 +192,8 @@ class GraphedDecoder:
         # the nn.LSTMCell on the concatenated input.
         self.attention_rnn = _FusedLSTMCell(model.decoder.attention_rnn) if fused_rnn and triton_ok else None
         self.decoder_rnn = _FusedLSTMCell(model.decoder.decoder_rnn) if fused_rnn and triton_ok else None
+        # With them, in the same graphs, the projection and gate kernel.
+        self.output_rows = _FusedOutput(model.decoder) if fused_rnn and triton_ok else None
 
     @property
     def fusions(self) -> set[str]:
@@ -274,6 +287,7 @@ class GraphedDecoder:
             gated=torch.zeros(b, dtype=torch.bool, device=like.device),
             all_done=torch.zeros((), dtype=torch.bool, device=like.device),
             mels=like.new_zeros(self.cfg.max_decoder_steps + self.k, b, self.model.dims.n_mel),
+            frames=like.new_zeros(self.k, b, self.model.dims.n_mel),
             gates=like.new_zeros(self.k, b),
             offsets=torch.arange(self.k, device=like.device))
         if not self.on_cuda:
@@ -304,6 +318,7 @@ class GraphedDecoder:
         state = g.state
         small = g.seeds.shape[0] <= self.fused_rnn_max_batch
         attention_rnn, decoder_rnn = (self.attention_rnn, self.decoder_rnn) if small else (None, None)
+        output_rows = self.output_rows if small else None
         if self.prenet is not None:   # the fused prenet draws each step's masks itself
             masks = ([kernels.StepDropout(g.seeds, g.step, j, cfg.prenet_dropout) for j in range(self.k)]
                      if cfg.prenet_dropout > 0 else None)
@@ -311,13 +326,17 @@ class GraphedDecoder:
             masks = masks_for_steps(g.seeds, g.step, self.k, self.model.dims, cfg.prenet_dropout,
                                     g.memory.dtype)
         for j in range(self.k):
+            # the output kernel writes the frame and gate where they are kept
+            output = output_rows.into(g.frames[j], g.gates[j]) if output_rows is not None else self.output
             state, gate = self.model.decoder.step(state, g.memory, g.processed, g.invalid,
                                                   masks[j] if masks is not None else None,
                                                   attention=self.attention, prenet=self.prenet,
-                                                  output=self.output, attention_rnn=attention_rnn,
+                                                  output=output, attention_rnn=attention_rnn,
                                                   decoder_rnn=decoder_rnn)
-            g.mels.index_copy_(0, g.step + j, state.frame.unsqueeze(0))
-            g.gates[j].copy_(gate)
+            if output_rows is None:
+                g.frames[j].copy_(state.frame)
+                g.gates[j].copy_(gate)
+        g.mels.index_copy_(0, g.step + g.offsets, g.frames)
         self._judge_stops(g)
         for static, new in zip(g.state.tensors(), state.tensors()):
             static.copy_(new)

@@ -1102,3 +1102,80 @@ def lstm_cell(a: Tensor, b: Tensor, h: Tensor, c: Tensor, weight: Tensor, bias: 
         IN_A=in_a, IN_B=in_b, H=hidden, BLOCK_J=block_j,
         BLOCK_K=min(_LSTM_BLOCK_K, _pow2(max(in_a, in_b, hidden))), num_warps=_LSTM_WARPS)
     return h_out, c_out
+
+
+# ---------------------------------------------------------------------------
+# Tacotron2's projection and gate layer for one decoder step in one launch
+# (GraphedDecoder with fused_rnn=True, in graphs of few rows): the frame and
+# the gate logit from the decoder's hidden state and the context, read in
+# place, written straight where the graph keeps them.
+
+if triton is not None:
+    @triton.jit
+    def _rows_times_segment(w_ptr, x_ptr, col0, outs, in_outs, acc, N: tl.constexpr,
+                            W_STRIDE: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Adds columns col0 .. col0 + N - 1 of rows ``outs`` of W (row-major,
+        W_STRIDE wide) times the N-vector at x_ptr to the float32 ``acc``,
+        over input blocks in a fixed order."""
+        for k0 in range(0, N, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            in_k = k < N
+            x = tl.load(x_ptr + k, mask=in_k, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + outs[:, None] * W_STRIDE + (col0 + k)[None, :],
+                        mask=in_outs[:, None] & in_k[None, :], other=0.0).to(tl.float32)
+            acc += tl.sum(w * x[None, :], axis=1)
+        return acc
+
+    @triton.jit
+    def _output_step_kernel(dh_ptr, ctx_ptr, w_ptr, bias_ptr, frame_ptr, gate_ptr,
+                            dh_stride, ctx_stride, frame_stride, gate_stride,
+                            D: tl.constexpr, E: tl.constexpr, N_MEL: tl.constexpr,
+                            BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr):
+        # Program (row, o): outputs o*BLOCK_O .. o*BLOCK_O + BLOCK_O - 1 of
+        # the stacked [projection; gate] rows; output N_MEL is the gate logit.
+        # Nothing depends on the batch: a row's result is the same in any
+        # batch, bitwise.
+        row = tl.program_id(0).to(tl.int64)
+        o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
+        in_o = o < N_MEL + 1
+        acc = tl.zeros((BLOCK_O,), dtype=tl.float32)
+        acc = _rows_times_segment(w_ptr, dh_ptr + row * dh_stride, 0, o, in_o, acc, D, D + E, BLOCK_K)
+        acc = _rows_times_segment(w_ptr, ctx_ptr + row * ctx_stride, D, o, in_o, acc, E, D + E, BLOCK_K)
+        y = acc + tl.load(bias_ptr + o, mask=in_o, other=0.0).to(tl.float32)
+        tl.store(frame_ptr + row * frame_stride + o, y.to(frame_ptr.dtype.element_ty), mask=o < N_MEL)
+        tl.store(gate_ptr + row * gate_stride + (o - N_MEL), y.to(gate_ptr.dtype.element_ty), mask=o == N_MEL)
+
+
+# Launch shape of output_step: 8 outputs per program, so at batch 1 the 81
+# stacked rows (1,536 wide: 24 KiB per program in fp16) spread over 11 SMs.
+_OUTPUT_WARPS, _OUTPUT_BLOCK_O, _OUTPUT_BLOCK_K = 4, 8, 256
+
+
+def output_step(decoder_hidden: Tensor, context: Tensor, weight: Tensor, bias: Tensor,
+                frame_out: Tensor, gate_out: Tensor) -> tuple[Tensor, Tensor]:
+    """Tacotron2's projection and gate layer on cat(decoder_hidden, context)
+    for one decoder step, in one launch, without the concatenation:
+
+        frame_out = W[:n_mel] @ x + bias[:n_mel];  gate_out = W[n_mel] @ x + bias[n_mel]
+
+    decoder_hidden: (B, D), context: (B, E), frame_out: (B, n_mel), gate_out:
+    (B,), each with a free row stride, unit column stride; weight: (n_mel + 1,
+    D + E) contiguous and bias: (n_mel + 1,), the two layers stacked
+    (projection rows first). One dtype for the inputs, the weight and the
+    outputs. float32 accumulation, the bias added in float32, one rounding;
+    each row is computed on its own, in an order that does not depend on B.
+    Returns (frame_out, gate_out)."""
+    rows, d = decoder_hidden.shape
+    e = context.shape[1]
+    n_out = weight.shape[0]
+    assert context.shape[0] == rows and weight.shape == (n_out, d + e) and bias.shape == (n_out,)
+    assert frame_out.shape == (rows, n_out - 1) and gate_out.shape == (rows,)
+    assert decoder_hidden.stride(1) == context.stride(1) == frame_out.stride(1) == 1
+    assert weight.is_contiguous() and bias.is_contiguous()
+    assert decoder_hidden.dtype == context.dtype == weight.dtype == frame_out.dtype == gate_out.dtype
+    block_o = min(_OUTPUT_BLOCK_O, _pow2(n_out, at_least=1))
+    _output_step_kernel[(rows, triton.cdiv(n_out, block_o))](
+        decoder_hidden, context, weight, bias, frame_out, gate_out, decoder_hidden.stride(0),
+        context.stride(0), frame_out.stride(0), gate_out.stride(0), D=d, E=e, N_MEL=n_out - 1,
+        BLOCK_O=block_o, BLOCK_K=min(_OUTPUT_BLOCK_K, _pow2(max(d, e))), num_warps=_OUTPUT_WARPS)
+    return frame_out, gate_out
