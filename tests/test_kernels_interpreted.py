@@ -186,14 +186,17 @@ def attention_errors(dtype_name: str) -> dict:
         w_query = module.query_layer.linear_layer.weight.detach().to(dtype)
         v = module.v.linear_layer.weight.detach().reshape(-1).to(dtype)
 
-        def fused(rows, length=t):
+        def fused(rows, length=t, split_query=False):
             out = (torch.full((len(rows), e), float("nan"), dtype=dtype),
                    torch.full((len(rows), length), float("nan"), dtype=dtype),
                    torch.full((len(rows), length), float("nan"), dtype=dtype))
+            query = None
+            if split_query:
+                query = kernels.query_product(ah[rows], w_query, torch.full((len(rows), a), float("nan")))
             kernels.attention_step(ah[rows], w_query, w_location, weights[rows, :length].contiguous(),
                                    cum[rows, :length].contiguous(), processed[rows, :length].contiguous(),
                                    v, invalid[rows, :length].contiguous(), memory[rows, :length].contiguous(),
-                                   *out)
+                                   *out, query=query)
             return out
 
         got = fused([0, 1, 2])
@@ -211,6 +214,9 @@ def attention_errors(dtype_name: str) -> dict:
         errors["cropped_vs_alone"] = max(errors["cropped_vs_alone"], worst(cropped[0], alone[0].float()),
                                          worst(cropped[1], alone[1][:, :32].float()),
                                          worst(cropped[2], alone[2][:, :32].float()))
+        split = fused([0, 1, 2], split_query=True)
+        errors["split_query_vs_one_launch"] = max(errors.get("split_query_vs_one_launch", 0.0),
+                                                  *(worst(x, y.float()) for x, y in zip(split, got)))
         print(name, errors, file=sys.stderr)
     return errors
 
@@ -475,7 +481,9 @@ def fused_step_decoder_errors(dtype_name: str) -> dict:
                                                fused_rnn_max_batch=64)
         assert graphed.attention is None and graphed.prenet is None and graphed.output is not None
         assert graphed.attention_rnn is None and graphed.decoder_rnn is None and graphed.output_rows is None
+        assert graphed.attention_rows is None
         graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
+        graphed.attention_rows = decoder_graph._FusedAttention(model.decoder.attention_layer, split_query=True)
         graphed.prenet = decoder_graph._FusedPrenet(model.decoder.prenet)
         graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
         graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
@@ -532,6 +540,8 @@ def test_fused_attention_step_equals_the_attention_module_under_the_interpreter(
     assert errors["context"] < tol and errors["weights"] < tol and errors["weights_cum"] < 4 * tol
     # one program per row, blocks in a fixed order: bitwise batched == alone
     assert errors["batched_vs_alone"] == 0.0 and errors["cropped_vs_alone"] == 0.0
+    # the query product in a launch of its own: the same sums, bitwise
+    assert errors["split_query_vs_one_launch"] == 0.0
 
 
 @pytest.mark.parametrize("check", ["fused_attention_decoder_errors", "fused_rnn_decoder_errors",

@@ -27,7 +27,10 @@ two LSTM cells (a concatenation, two products and the pointwise cell update)
 as one launch, ``kernels.lstm_cell``: its two inputs read in place (no
 concatenation), [W_ih | W_hh] stored once per cell (``_FusedLSTMCell``);
 and the projection and gate layer as one launch, ``kernels.output_step``,
-which writes the frame and the gate logit straight into the graph's buffers.
+which writes the frame and the gate logit straight into the graph's buffers;
+with ``fused_attention`` too, the attention's query product runs as a launch
+of its own over many programs (``kernels.query_product``) instead of inside
+the attention kernel's one program per row.
 Each row's programs read all of the weights, so these kernels only run in
 graphs of at most ``fused_rnn_max_batch`` rows (default 1); larger batches
 keep cuBLAS's products, which read the weights once for all rows (on an H200
@@ -79,20 +82,27 @@ class _FusedAttention:
     ``kernels.attention_step``; the location layer's convolution and dense
     weights are folded into one once, here."""
 
-    def __init__(self, attention: Attention):
+    def __init__(self, attention: Attention, split_query: bool = False):
         location = attention.location_layer
         self.w_location = kernels.fold_location_weight(location.location_conv.conv.weight,
                                                        location.location_dense.linear_layer.weight)
         self.w_query = attention.query_layer.linear_layer.weight.detach()
         self.v = attention.v.linear_layer.weight.detach().reshape(-1)
+        # The query product in a launch of its own, over many programs
+        # (``kernels.query_product``): for graphs of few rows.
+        self.split_query = split_query
 
     def __call__(self, query: Tensor, weights: Tensor, weights_cum: Tensor, memory: Tensor,
                  processed_memory: Tensor, invalid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         context = memory.new_empty(memory.shape[0], memory.shape[2])
         new_weights, new_cum = torch.empty_like(weights), torch.empty_like(weights_cum)
+        product = None
+        if self.split_query:
+            product = query.new_empty(query.shape[0], self.w_query.shape[0], dtype=torch.float32)
+            kernels.query_product(query, self.w_query, product)
         kernels.attention_step(query, self.w_query, self.w_location, weights, weights_cum,
                                processed_memory, self.v, invalid, memory,
-                               context, new_weights, new_cum)
+                               context, new_weights, new_cum, query=product)
         return context, new_weights, new_cum
 
 
@@ -181,6 +191,10 @@ class GraphedDecoder:
         triton_ok = self.on_cuda and kernels.available()
         self.attention = (_FusedAttention(model.decoder.attention_layer)
                           if fused_attention and triton_ok else None)
+        # In graphs of few rows (fused_rnn_max_batch), with fused_rnn: the
+        # same with the query product split off.
+        self.attention_rows = (_FusedAttention(model.decoder.attention_layer, split_query=True)
+                               if fused_attention and fused_rnn and triton_ok else None)
         # The fused prenet kernel (two layers exactly, as published), where it
         # can run; None: the prenet module.
         self.prenet = (_FusedPrenet(model.decoder.prenet)
@@ -319,6 +333,7 @@ class GraphedDecoder:
         small = g.seeds.shape[0] <= self.fused_rnn_max_batch
         attention_rnn, decoder_rnn = (self.attention_rnn, self.decoder_rnn) if small else (None, None)
         output_rows = self.output_rows if small else None
+        attention = self.attention_rows if small and self.attention_rows is not None else self.attention
         if self.prenet is not None:   # the fused prenet draws each step's masks itself
             masks = ([kernels.StepDropout(g.seeds, g.step, j, cfg.prenet_dropout) for j in range(self.k)]
                      if cfg.prenet_dropout > 0 else None)
@@ -330,7 +345,7 @@ class GraphedDecoder:
             output = output_rows.into(g.frames[j], g.gates[j]) if output_rows is not None else self.output
             state, gate = self.model.decoder.step(state, g.memory, g.processed, g.invalid,
                                                   masks[j] if masks is not None else None,
-                                                  attention=self.attention, prenet=self.prenet,
+                                                  attention=attention, prenet=self.prenet,
                                                   output=output, attention_rnn=attention_rnn,
                                                   decoder_rnn=decoder_rnn)
             if output_rows is None:

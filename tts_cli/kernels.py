@@ -716,9 +716,9 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _attention_step_kernel(ah_ptr, wq_ptr, wloc_ptr, w_ptr, cum_ptr, pm_ptr, v_ptr, invalid_ptr,
+    def _attention_step_kernel(ah_ptr, wq_ptr, q_ptr, wloc_ptr, w_ptr, cum_ptr, pm_ptr, v_ptr, invalid_ptr,
                                mem_ptr, ctx_ptr, w_out_ptr, cum_out_ptr, e_ptr, T, E,
-                               R: tl.constexpr, A: tl.constexpr, K: tl.constexpr,
+                               HAS_QUERY: tl.constexpr, R: tl.constexpr, A: tl.constexpr, K: tl.constexpr,
                                DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
                                BLOCK_A: tl.constexpr, BLOCK_J: tl.constexpr,
                                BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
@@ -730,7 +730,10 @@ if triton is not None:
         a = tl.arange(0, BLOCK_A)
         in_a = a < A
 
-        q = _matrix_times_row(wq_ptr, ah_ptr + row * R, a, in_a, R, BLOCK_A, BLOCK_R)   # W_q @ ah
+        if HAS_QUERY:   # W_q @ ah, computed by query_product
+            q = tl.load(q_ptr + row * A + a, mask=in_a, other=0.0)
+        else:
+            q = _matrix_times_row(wq_ptr, ah_ptr + row * R, a, in_a, R, BLOCK_A, BLOCK_R)
         v = tl.load(v_ptr + a, mask=in_a, other=0.0).to(tl.float32)
 
         # The location convolution and dense layer, folded: column j = c*K + k
@@ -821,7 +824,7 @@ def fold_location_weight(conv_weight: Tensor, dense_weight: Tensor) -> Tensor:
 def attention_step(ah: Tensor, w_query: Tensor, w_location: Tensor, weights: Tensor,
                    weights_cum: Tensor, processed_memory: Tensor, v: Tensor, invalid: Tensor,
                    memory: Tensor, context_out: Tensor, weights_out: Tensor,
-                   weights_cum_out: Tensor) -> None:
+                   weights_cum_out: Tensor, query: Tensor | None = None) -> None:
     """Tacotron2's location-sensitive attention for one decoder step, in one
     launch (inference only):
 
@@ -835,7 +838,11 @@ def attention_step(ah: Tensor, w_query: Tensor, w_location: Tensor, weights: Ten
     memory: (B, T, E). Outputs (B, E), (B, T), (B, T), distinct from the
     inputs. All contiguous; one dtype for ah, the weights and w_location.
     float32 accumulation throughout; each row is computed on its own, in an
-    order that depends neither on B nor on T past the row's valid positions."""
+    order that depends neither on B nor on T past the row's valid positions.
+
+    ``query``: W_q ah already computed by ``query_product`` ((B, A) float32,
+    the same values bitwise), so the product is spread over many programs
+    instead of one per row (at batch 1 it was most of the launch)."""
     b, r = ah.shape
     a, two, k = w_location.shape
     t, e = memory.shape[1:]
@@ -848,11 +855,13 @@ def attention_step(ah: Tensor, w_query: Tensor, w_location: Tensor, weights: Ten
                context_out, weights_out, weights_cum_out)
     assert all(x.is_contiguous() for x in tensors)
     assert weights_out.data_ptr() not in (weights.data_ptr(), weights_cum.data_ptr())
+    if query is not None:
+        assert query.shape == (b, a) and query.dtype == torch.float32 and query.is_contiguous()
     energies = torch.empty(b, t, dtype=torch.float32, device=memory.device)
     _attention_step_kernel[(b,)](
-        ah, w_query, w_location, weights, weights_cum, processed_memory, v, invalid.view(torch.uint8),
+        ah, w_query, query if query is not None else energies, w_location, weights, weights_cum, processed_memory, v, invalid.view(torch.uint8),
         memory, context_out, weights_out, weights_cum_out, energies, t, e,
-        R=r, A=a, K=k, DOT_PRECISION=_dot_precision(weights.dtype),
+        HAS_QUERY=query is not None, R=r, A=a, K=k, DOT_PRECISION=_dot_precision(weights.dtype),
         BLOCK_R=min(_ATTENTION_BLOCK_R, _pow2(r)), BLOCK_A=_pow2(a), BLOCK_J=_pow2(2 * k),
         BLOCK_T=_ATTENTION_BLOCK_T, BLOCK_E=min(_ATTENTION_BLOCK_E, _pow2(e)),
         num_warps=_ATTENTION_WARPS)
@@ -861,6 +870,39 @@ def attention_step(ah: Tensor, w_query: Tensor, w_location: Tensor, weights: Ten
 # ---------------------------------------------------------------------------
 # Tacotron2's prenet for one decoder step, in one launch (GraphedDecoder with
 # fused_prenet=True).
+
+if triton is not None:
+    @triton.jit
+    def _query_product_kernel(ah_ptr, wq_ptr, q_ptr, R: tl.constexpr, A: tl.constexpr,
+                              BLOCK_O: tl.constexpr, BLOCK_R: tl.constexpr):
+        # Program (row, o): query outputs o*BLOCK_O .. o*BLOCK_O + BLOCK_O - 1,
+        # in _attention_step_kernel's order (the same BLOCK_R), so bitwise its q.
+        row = tl.program_id(0).to(tl.int64)
+        outs = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
+        in_outs = outs < A
+        q = _matrix_times_row(wq_ptr, ah_ptr + row * R, outs, in_outs, R, BLOCK_O, BLOCK_R)
+        tl.store(q_ptr + row * A + outs, q, mask=in_outs)
+
+
+# Launch shape of query_product: 8 outputs per program, so at batch 1 the
+# query layer (128 x 1,024: 256 KiB in fp16) spreads over 16 SMs.
+_QUERY_WARPS, _QUERY_BLOCK_O = 4, 8
+
+
+def query_product(ah: Tensor, w_query: Tensor, out: Tensor) -> Tensor:
+    """W_q ah for ``attention_step(..., query=out)``: ah (B, R) and w_query
+    (A, R) contiguous, one dtype; out (B, A) float32 contiguous, the values
+    ``attention_step`` computes itself. Returns ``out``."""
+    b, r = ah.shape
+    a = w_query.shape[0]
+    assert w_query.shape == (a, r) and out.shape == (b, a) and out.dtype == torch.float32
+    assert ah.is_contiguous() and w_query.is_contiguous() and out.is_contiguous() and ah.dtype == w_query.dtype
+    block_o = min(_QUERY_BLOCK_O, _pow2(a, at_least=1))
+    _query_product_kernel[(b, triton.cdiv(a, block_o))](
+        ah, w_query, out, R=r, A=a, BLOCK_O=block_o, BLOCK_R=min(_ATTENTION_BLOCK_R, _pow2(r)),
+        num_warps=_QUERY_WARPS)
+    return out
+
 
 if triton is not None:
     @triton.jit
