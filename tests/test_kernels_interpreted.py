@@ -331,6 +331,14 @@ def lstm_errors(dtype_name: str) -> dict:
     return errors
 
 
+def _few_programs() -> None:
+    """Wide LSTM cell programs: the interpreter runs programs one at a time,
+    and the default (one unit per program) made each decoder check take
+    minutes; lstm_errors checks the default shape itself."""
+    from tts_cli import kernels
+    kernels._LSTM_BLOCK_J = 64
+
+
 def _graph_decoder_errors(plug) -> dict:
     """The graph decoder's static-buffer loop, its fused parts put in place
     by ``plug(graphed, model)`` (GraphedDecoder takes the Triton ones on CUDA
@@ -385,6 +393,7 @@ def fused_rnn_decoder_errors(dtype_name: str) -> dict:
         graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
         graphed.output_rows = decoder_graph._FusedOutput(model.decoder)
         return graphed
+    _few_programs()
     return _graph_decoder_errors(plug)
 
 
@@ -398,6 +407,7 @@ def fused_rnn_batch_limit_calls(dtype_name: str) -> dict:
     from tts_cli.tacotron2 import DecodeSettings
     from tiny_models import tiny_tacotron2
     assert dtype_name == "float32"
+    _few_programs()
     calls, outputs = [], []
     launch, launch_output = kernels.lstm_cell, kernels.output_step
     kernels.lstm_cell = lambda *args: calls.append(1) or launch(*args)
@@ -489,6 +499,7 @@ def fused_step_decoder_errors(dtype_name: str) -> dict:
         graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
         graphed.output_rows = decoder_graph._FusedOutput(model.decoder)
         return graphed
+    _few_programs()
     return _graph_decoder_errors(plug)
 
 

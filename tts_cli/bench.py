@@ -231,7 +231,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
     step_ms_1 = _decoder_ms_per_step(engine, 1)
     step_ms_b = _decoder_ms_per_step(engine, b.batch_size)
     decoder_candidates = {}
-    for name, fusions in DECODER_CANDIDATES.items():
+    for name, (_, fusions) in DECODER_CANDIDATES.items():
         decoder_candidates.update(_decoder_candidate(engine, step_ms_1, b.batch_size, name, fusions))
     wg_tflops, wg_executed = _waveglow_tflops(engine)
     fast_kernels = _fused_waveglow(engine)
@@ -463,12 +463,13 @@ def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
 
 
 # Decoder fusions measured beside the running ones (engine.DECODER_FUSIONS),
-# each added to them; "fused_step" turns every one on.
+# each changing them: name -> (label, flags). "fused_step" turns every one on
+# (the stacked projection and gate product at large batches is the one left
+# off); "rnn_off" is the step before the few-row kernels (the fused LSTM
+# cells, the output kernel and the split query product at batch 1).
 DECODER_CANDIDATES = {
-    "fused_output": {"fused_output": True},
-    "fused_prenet": {"fused_prenet": True},
-    "fused_rnn": {"fused_rnn": True},
-    "fused_step": {"fused_output": True, "fused_prenet": True, "fused_rnn": True},
+    "fused_step": ("every fusion", {"fused_output": True, "fused_prenet": True, "fused_rnn": True}),
+    "rnn_off": ("without the few-row kernels (before)", {"fused_rnn": False}),
 }
 
 
@@ -511,7 +512,7 @@ def _decoder_candidate(engine: Engine, running_ms_batch1: float, batch: int, nam
 def _every_decoder_fusion(engine: Engine) -> dict | None:
     if engine.graphed is None or not kernels.available():
         return None
-    return {"graphed": _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"])}
+    return {"graphed": _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"][1])}
 
 
 def _denoiser_fft_rows(rows: int):
@@ -672,8 +673,7 @@ def _waveglow_other_kernels(engine: Engine, running_tflops: float) -> dict:
 def _decoder_candidate_rows() -> list:
     """Table rows of each decoder candidate (CUDA with Triton only)."""
     rows = []
-    for name, fusions in DECODER_CANDIDATES.items():
-        label = "every fusion" if name == "fused_step" else "+ " + name.removeprefix("fused_")
+    for name, (label, _) in DECODER_CANDIDATES.items():
         rows += [(f"Tacotron2 ms per decoder step, batch 1, {label}", f"decoder_ms_per_step_batch1_{name}", "{:.3f}"),
                  (f"Tacotron2 step speed-up at batch 1, {label} over the running step",
                   f"decoder_{name}_speedup_batch1", "{:.3f}x"),

@@ -123,9 +123,11 @@ class Result:
 # step at batch 1; 1.23M against 1.03M frames/s at batch 128), then its prenet
 # too (0.075 against 0.082 ms; 1.25M against 1.21M frames/s); WaveGlow's
 # matmul-fused kernels (438.6 against 404.7 TFLOP/s), then with the gate's
-# columns paired (460.7 against 443.8). The bench measures the alternatives
-# beside these.
-DECODER_FUSIONS = {"fused_attention": True, "fused_prenet": True}
+# columns paired (460.7 against 443.8). In graphs of one row, the few-row
+# kernels (fused_rnn: both LSTM cells, the projection and gate, the split
+# query product; 37.9 against 61.0 us per step at batch 1, run V's profile,
+# 2026-11-30). The bench measures the alternatives beside these.
+DECODER_FUSIONS = {"fused_attention": True, "fused_prenet": True, "fused_rnn": True}
 WAVEGLOW_KERNELS = "matmul_paired"
 # The gate in WaveGlow's taps+gate epilogue from the GPU's tanh instruction on
 # float16 pairs (kernels.GATE_FORMS; float32 stays exact). H200 (BENCHMARKS.md):

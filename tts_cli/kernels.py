@@ -888,8 +888,9 @@ if triton is not None:
 
 
 # Launch shape of query_product: 8 outputs per program, so at batch 1 the
-# query layer (128 x 1,024: 256 KiB in fp16) spreads over 16 SMs.
-_QUERY_WARPS, _QUERY_BLOCK_O = 4, 8
+# query layer (128 x 1,024: 256 KiB in fp16) spreads over 16 SMs; 8 warps:
+# 2.0 us on an H200 in fp16, against 3.1 with 4 (run V, seven shapes timed).
+_QUERY_WARPS, _QUERY_BLOCK_O = 8, 8
 
 
 def query_product(ah: Tensor, w_query: Tensor, out: Tensor) -> Tensor:
@@ -1090,14 +1091,15 @@ if triton is not None:
         tl.store(h_out_ptr + row * H + j, h_new.to(h_out_ptr.dtype.element_ty), mask=in_j)
 
 
-# Launch shape of lstm_cell: programs of 4 warps over 8 hidden units each, so
-# at batch 1 and H = 1024 a cell runs as 128 programs (about one per SM of an
-# H200) that each stream their own 32 rows of W (112 KiB of the attention
-# LSTM's, 160 KiB of the decoder LSTM's, in fp16): weight-bandwidth bound,
-# every SM busy. A K block of 256 (512 B of each row in fp16, 16 KiB over
-# the four gate tiles) keeps the loads wide and coalesced along W's rows;
-# the published input widths (256, 512, 1024) are multiples of it.
-_LSTM_WARPS, _LSTM_BLOCK_J, _LSTM_BLOCK_K = 4, 8, 256
+# Launch shape of lstm_cell: one hidden unit per program (its four gate
+# rows), programs of 4 warps, the inputs in K blocks of 1,024: at batch 1 and
+# H = 1024 a cell runs as 1,024 small programs, several per SM, so many
+# weight loads are in flight at once. On an H200 in fp16 (run V, 2026-11-30,
+# 20 launches replayed from a graph) that took the attention LSTM's cell
+# from 10.9 us (8 units per program, K blocks of 256) to 7.0, and the
+# decoder LSTM's from 11.6 to 7.4 (cuBLAS's concatenation, two products and
+# cell: 11.2 and 12.7); fourteen shapes were timed.
+_LSTM_WARPS, _LSTM_BLOCK_J, _LSTM_BLOCK_K = 4, 1, 1024
 
 
 def fuse_lstm_weights(weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor | None,
@@ -1191,9 +1193,11 @@ if triton is not None:
         tl.store(gate_ptr + row * gate_stride + (o - N_MEL), y.to(gate_ptr.dtype.element_ty), mask=o == N_MEL)
 
 
-# Launch shape of output_step: 8 outputs per program, so at batch 1 the 81
-# stacked rows (1,536 wide: 24 KiB per program in fp16) spread over 11 SMs.
-_OUTPUT_WARPS, _OUTPUT_BLOCK_O, _OUTPUT_BLOCK_K = 4, 8, 256
+# Launch shape of output_step: 2 outputs per program, K blocks of 1,024, so
+# at batch 1 the 81 stacked rows (1,536 wide) spread over 41 programs: 2.2 us
+# on an H200 in fp16, against 3.5 with 8 outputs and K blocks of 256 (run V,
+# eight shapes timed).
+_OUTPUT_WARPS, _OUTPUT_BLOCK_O, _OUTPUT_BLOCK_K = 4, 2, 1024
 
 
 def output_step(decoder_hidden: Tensor, context: Tensor, weight: Tensor, bias: Tensor,
