@@ -35,6 +35,10 @@ Each row's programs read all of the weights, so these kernels only run in
 graphs of at most ``fused_rnn_max_batch`` rows (default 1); larger batches
 keep cuBLAS's products, which read the weights once for all rows (on an H200
 every fusion with the LSTM cells at batch 128 ran the job 0.83x as fast).
+At batch 1 the step is then eight launches (BENCHMARKS.md, runs U-W).
+
+Every fusion is off in this class by default; ``engine.DECODER_FUSIONS``
+says which ones the tool runs (the attention, the prenet and fused_rnn).
 """
 from __future__ import annotations
 
