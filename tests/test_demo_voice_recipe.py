@@ -424,6 +424,45 @@ def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_p
     assert audio.shape == (1, 5 * 256) and bool(torch.isfinite(audio).all())
 
 
+def test_dithered_training_audio_is_the_clean_audio_within_the_noise_and_keeps_the_clean_mel(tone_data):
+    """espeak-ng's silences are exact zeros, whose likelihood a flow can raise
+    without bound; the dither takes them away, and nothing else."""
+    data = train_waveglow.AudioSegments(tone_data, "cpu")
+    clean, clean_mel = data.batch(3, 4096, torch.Generator().manual_seed(5), dither=0.0)
+    noisy, noisy_mel = data.batch(3, 4096, torch.Generator().manual_seed(5), dither=2.0)
+    difference = (noisy - clean).abs()
+    assert bool((clean == 0).any())                       # the silences the dither is for
+    assert float(difference.max()) <= 1.0 / 32768 and float(difference.min()) < float(difference.max())
+    assert bool((noisy[clean == 0] != 0).all())           # no exact zero left
+    assert torch.equal(noisy_mel, clean_mel)
+
+
+def test_an_undithered_waveglow_resumed_with_dither_restarts_its_first_coupling_once(tone_data, tmp_path):
+    out = tmp_path / "wg"
+    assert _train_wg(tone_data, out, 2, "--dither", "0") == 0
+    before = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert before["dither"] == 0.0
+    assert _train_wg(tone_data, out, 3) == 0                 # default dither: 1 int16 step
+    assert _train_wg(tone_data, out, 4) == 0
+    resets = [r for r in _log(out) if r.get("event") == "first coupling reset for dithered audio"]
+    assert [r["step"] for r in resets] == [2]               # once, when the dither began
+    after = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert after["dither"] == 1.0 and after["step"] == 4
+    # what the reset does: the first coupling back to the identity, its
+    # optimizer state forgotten; the other couplings and their state kept
+    model = train_waveglow.build(train_waveglow.DEMO_DIMS.__class__(**before["dims"]), 1)
+    train_waveglow.load_trained(model, before["model"])
+    optimizer = torch.optim.Adam(train_waveglow.trainable(model))
+    optimizer.load_state_dict(before["optimizer"])
+    first, second = model.WN[0].end, model.WN[1].end
+    kept = second.weight.detach().clone()
+    assert float(first.weight.detach().abs().max()) > 0 and first.weight in optimizer.state
+    train_waveglow.reset_first_coupling(model, optimizer)
+    assert float(first.weight.detach().abs().max()) == 0 and float(first.bias.detach().abs().max()) == 0
+    assert first.weight not in optimizer.state and second.weight in optimizer.state
+    assert torch.equal(second.weight.detach(), kept)
+
+
 def test_a_waveglow_step_without_a_finite_gradient_is_skipped_and_training_goes_on(tone_data, tmp_path,
                                                                                     monkeypatch):
     out = tmp_path / "wg"

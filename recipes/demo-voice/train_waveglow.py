@@ -93,6 +93,21 @@ def build(dims: WaveGlowDims, seed: int) -> WaveGlow:
     return model
 
 
+def reset_first_coupling(model: WaveGlow, optimizer: torch.optim.Optimizer) -> None:
+    """Zero the first coupling's output layer (its shift and log-scale: the
+    coupling becomes the identity, as at initialisation) and forget its
+    optimizer state. For a checkpoint trained on undithered audio resumed on
+    dithered audio: that layer had learnt to scale exact silences by up to
+    exp(89), which on dithered silence overflows at once; the other flows'
+    scales stayed moderate (up to exp(8.5)) and are kept."""
+    end = model.WN[0].end
+    with torch.no_grad():
+        end.weight.zero_()
+        end.bias.zero_()
+    for p in (end.weight, end.bias):
+        optimizer.state.pop(p, None)
+
+
 def trainable(model: WaveGlow) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
@@ -215,7 +230,17 @@ class AudioSegments:
     def __len__(self) -> int:
         return len(self.clips)
 
-    def batch(self, size: int, segment: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
+    def batch(self, size: int, segment: int, g: torch.Generator, dither: float = 0.0
+              ) -> tuple[Tensor, Tensor]:
+        """``size`` random segments of ``segment`` samples, float in [-1, 1),
+        and their mels. ``dither``: uniform noise of that many int16 steps
+        (peak to peak) added to the audio after its mel is taken. espeak-ng's
+        silences are exact zeros, and a flow's likelihood of an exact value
+        has no bound: trained on them, WaveGlow's first coupling scaled
+        silence by up to exp(89) (step 44,473), past float32's range, and its
+        loss went NaN. With the noise the best scale of a silence is finite
+        (about 2^15 / dither). The mel (the conditioning) stays that of the
+        clean audio, as Tacotron2 learns it."""
         picks = torch.randint(len(self.clips), (size,), generator=g).tolist()
         audio = torch.zeros(size, segment, dtype=torch.int16)
         for row, i in enumerate(picks):
@@ -228,6 +253,9 @@ class AudioSegments:
         audio = audio.to(self.device).float() / 32768.0
         with torch.no_grad():
             mel = self.mel(audio)
+        if dither > 0:
+            noise = (torch.rand(size, segment, generator=g) - 0.5) * (dither / 32768.0)
+            audio = audio + noise.to(self.device)
         return audio, mel
 
 
@@ -332,6 +360,9 @@ def train(args) -> dict:
         scaler.load_state_dict(saved["scaler"])
         step = saved["step"]
         log.write(event="resumed", step=step)
+        if args.dither > 0 and not saved.get("dither"):
+            reset_first_coupling(model, optimizer)
+            log.write(event="first coupling reset for dithered audio", step=step)
     else:
         log.write(event="start", trained_parameters=sum(p.numel() for p in trainable(model)),
                   utterances=len(data))
@@ -344,7 +375,7 @@ def train(args) -> dict:
         common.require_finite(trainable(model), step, out / "checkpoint.pt")
         common.save_checkpoint(out / "checkpoint.pt", model=trained_state(model),
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                               step=step, dims=asdict(dims))
+                               step=step, dims=asdict(dims), dither=args.dither)
         if check is not None:
             log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model),
                       **common.gpu_memory(args.device))
@@ -352,7 +383,7 @@ def train(args) -> dict:
     def batch(at_step: int) -> tuple[Tensor, Tensor]:
         # Segments are a function of (seed, step): a resumed run continues the sequence.
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + at_step)
-        return data.batch(args.batch_size, args.segment, g)
+        return data.batch(args.batch_size, args.segment, g, args.dither)
 
     # Steps whose gradient was not finite (skipped): in a row, and in all this run.
     skipped_in_a_row, skipped_in_all = (torch.zeros((), dtype=torch.long, device=args.device)
@@ -425,6 +456,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--segment", type=int, default=SEGMENT)
     p.add_argument("--clip", type=float, default=100.0,
                    help="gradient-norm clip; only catches rare spikes (the reference has none)")
+    p.add_argument("--dither", type=float, default=1.0,
+                   help="uniform noise added to the training audio, in int16 steps peak to peak (0: none); "
+                        "espeak-ng's silences are exact zeros, which the flow's likelihood rewards without bound")
     p.add_argument("--max-skipped", type=int, default=50,
                    help="stop as diverged after this many steps in a row without a finite gradient "
                         "(each is skipped)")
