@@ -442,6 +442,8 @@ def test_an_undithered_waveglow_resumed_with_dither_restarts_its_first_coupling_
     assert _train_wg(tone_data, out, 2, "--dither", "0") == 0
     before = torch.load(out / "checkpoint.pt", weights_only=False)
     assert before["dither"] == 0.0
+    assert _train_wg(tone_data, out, 2) == 0                 # trains nothing (exports): no reset
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["dither"] == 0.0
     assert _train_wg(tone_data, out, 3) == 0                 # default dither: 1 int16 step
     assert _train_wg(tone_data, out, 4) == 0
     resets = [r for r in _log(out) if r.get("event") == "first coupling reset for dithered audio"]

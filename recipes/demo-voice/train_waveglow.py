@@ -360,9 +360,14 @@ def train(args) -> dict:
         scaler.load_state_dict(saved["scaler"])
         step = saved["step"]
         log.write(event="resumed", step=step)
-        if args.dither > 0 and not saved.get("dither"):
+    # The dither the weights were last trained with; a run that trains none
+    # (an export-only run, --minutes 0) changes neither it nor the weights.
+    dither = saved.get("dither", 0.0) if saved is not None else args.dither
+    if step < args.max_steps and not budget.spent():
+        if saved is not None and args.dither > 0 and not dither:
             reset_first_coupling(model, optimizer)
             log.write(event="first coupling reset for dithered audio", step=step)
+        dither = args.dither
     else:
         log.write(event="start", trained_parameters=sum(p.numel() for p in trainable(model)),
                   utterances=len(data))
@@ -375,7 +380,7 @@ def train(args) -> dict:
         common.require_finite(trainable(model), step, out / "checkpoint.pt")
         common.save_checkpoint(out / "checkpoint.pt", model=trained_state(model),
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                               step=step, dims=asdict(dims), dither=args.dither)
+                               step=step, dims=asdict(dims), dither=dither)
         if check is not None:
             log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model),
                       **common.gpu_memory(args.device))
