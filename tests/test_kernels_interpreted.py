@@ -387,11 +387,8 @@ def fused_rnn_decoder_errors(dtype_name: str) -> dict:
         # a batch of 3: the fused cells' batch limit raised so they run in it
         graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_rnn=True,
                                                fused_rnn_max_batch=64)
-        assert graphed.attention_rnn is None and graphed.decoder_rnn is None   # not on CUDA
-        assert graphed.output_rows is None
-        graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
-        graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
-        graphed.output_rows = decoder_graph._FusedOutput(model.decoder)
+        assert graphed.few_rows is None   # not on CUDA
+        graphed.few_rows = decoder_graph.FewRowKernels.for_decoder(model.decoder, split_attention=False)
         return graphed
     _few_programs()
     return _graph_decoder_errors(plug)
@@ -415,9 +412,7 @@ def fused_rnn_batch_limit_calls(dtype_name: str) -> dict:
     model = tiny_tacotron2(seed=6)
     graphed = decoder_graph.GraphedDecoder(model, DecodeSettings(max_decoder_steps=8), steps_per_graph=8,
                                            fused_rnn=True)
-    graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
-    graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
-    graphed.output_rows = decoder_graph._FusedOutput(model.decoder)
+    graphed.few_rows = decoder_graph.FewRowKernels.for_decoder(model.decoder, split_attention=False)
     ids, lengths = pad_sequences([[12, 13, 14], [15, 16], [17, 18, 19, 20]])
     counts = {}
     with torch.inference_mode():
@@ -490,14 +485,10 @@ def fused_step_decoder_errors(dtype_name: str) -> dict:
                                                fused_prenet=True, fused_output=True, fused_rnn=True,
                                                fused_rnn_max_batch=64)
         assert graphed.attention is None and graphed.prenet is None and graphed.output is not None
-        assert graphed.attention_rnn is None and graphed.decoder_rnn is None and graphed.output_rows is None
-        assert graphed.attention_rows is None
+        assert graphed.few_rows is None
         graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
-        graphed.attention_rows = decoder_graph._FusedAttention(model.decoder.attention_layer, split_query=True)
         graphed.prenet = decoder_graph._FusedPrenet(model.decoder.prenet)
-        graphed.attention_rnn = decoder_graph._FusedLSTMCell(model.decoder.attention_rnn)
-        graphed.decoder_rnn = decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn)
-        graphed.output_rows = decoder_graph._FusedOutput(model.decoder)
+        graphed.few_rows = decoder_graph.FewRowKernels.for_decoder(model.decoder, split_attention=True)
         return graphed
     _few_programs()
     return _graph_decoder_errors(plug)

@@ -165,6 +165,25 @@ class _FusedLSTMCell:
                                  torch.empty_like(c))
 
 
+@dataclass
+class FewRowKernels:
+    """fused_rnn's kernels, whose programs each read all of the weights for
+    their row, so they run only in graphs of at most ``fused_rnn_max_batch``
+    rows: both LSTM cells, the projection and gate (writing straight into
+    the graph's buffers), and with ``fused_attention`` the attention with its
+    query product split off."""
+    attention_rnn: _FusedLSTMCell
+    decoder_rnn: _FusedLSTMCell
+    output: _FusedOutput
+    attention: _FusedAttention | None
+
+    @classmethod
+    def for_decoder(cls, decoder: Decoder, split_attention: bool) -> "FewRowKernels":
+        return cls(_FusedLSTMCell(decoder.attention_rnn), _FusedLSTMCell(decoder.decoder_rnn),
+                   _FusedOutput(decoder),
+                   _FusedAttention(decoder.attention_layer, split_query=True) if split_attention else None)
+
+
 class GraphedDecoder:
     """``fused_attention``, ``fused_prenet``, ``fused_rnn`` (CUDA with Triton
     only; elsewhere the modules run) and ``fused_output`` (any device):
@@ -195,10 +214,6 @@ class GraphedDecoder:
         triton_ok = self.on_cuda and kernels.available()
         self.attention = (_FusedAttention(model.decoder.attention_layer)
                           if fused_attention and triton_ok else None)
-        # In graphs of few rows (fused_rnn_max_batch), with fused_rnn: the
-        # same with the query product split off.
-        self.attention_rows = (_FusedAttention(model.decoder.attention_layer, split_query=True)
-                               if fused_attention and fused_rnn and triton_ok else None)
         # The fused prenet kernel (two layers exactly, as published), where it
         # can run; None: the prenet module.
         self.prenet = (_FusedPrenet(model.decoder.prenet)
@@ -206,19 +221,17 @@ class GraphedDecoder:
         # One product for the frame and the gate (plain torch: any device);
         # None: the two layers.
         self.output = _FusedOutput(model.decoder) if fused_output else None
-        # The fused LSTM cell kernel for each cell, where it can run; None:
-        # the nn.LSTMCell on the concatenated input.
-        self.attention_rnn = _FusedLSTMCell(model.decoder.attention_rnn) if fused_rnn and triton_ok else None
-        self.decoder_rnn = _FusedLSTMCell(model.decoder.decoder_rnn) if fused_rnn and triton_ok else None
-        # With them, in the same graphs, the projection and gate kernel.
-        self.output_rows = _FusedOutput(model.decoder) if fused_rnn and triton_ok else None
+        # In graphs of few rows, where they can run; None: the modules (and
+        # the fusions above) at every batch size.
+        self.few_rows = (FewRowKernels.for_decoder(model.decoder, split_attention=self.attention is not None)
+                         if fused_rnn and triton_ok else None)
 
     @property
     def fusions(self) -> set[str]:
         """The fusions this decoder runs, by their constructor flags (one
         asked for where it cannot run is not among them)."""
         hooks = {"fused_attention": self.attention, "fused_prenet": self.prenet,
-                 "fused_output": self.output, "fused_rnn": self.attention_rnn}
+                 "fused_output": self.output, "fused_rnn": self.few_rows}
         return {flag for flag, hook in hooks.items() if hook is not None}
 
     @torch.inference_mode()
@@ -334,10 +347,8 @@ class GraphedDecoder:
         kernels a step."""
         cfg = self.cfg
         state = g.state
-        small = g.seeds.shape[0] <= self.fused_rnn_max_batch
-        attention_rnn, decoder_rnn = (self.attention_rnn, self.decoder_rnn) if small else (None, None)
-        output_rows = self.output_rows if small else None
-        attention = self.attention_rows if small and self.attention_rows is not None else self.attention
+        rows = self.few_rows if g.seeds.shape[0] <= self.fused_rnn_max_batch else None
+        attention = rows.attention if rows is not None and rows.attention is not None else self.attention
         if self.prenet is not None:   # the fused prenet draws each step's masks itself
             masks = ([kernels.StepDropout(g.seeds, g.step, j, cfg.prenet_dropout) for j in range(self.k)]
                      if cfg.prenet_dropout > 0 else None)
@@ -346,13 +357,13 @@ class GraphedDecoder:
                                     g.memory.dtype)
         for j in range(self.k):
             # the output kernel writes the frame and gate where they are kept
-            output = output_rows.into(g.frames[j], g.gates[j]) if output_rows is not None else self.output
-            state, gate = self.model.decoder.step(state, g.memory, g.processed, g.invalid,
-                                                  masks[j] if masks is not None else None,
-                                                  attention=attention, prenet=self.prenet,
-                                                  output=output, attention_rnn=attention_rnn,
-                                                  decoder_rnn=decoder_rnn)
-            if output_rows is None:
+            output = rows.output.into(g.frames[j], g.gates[j]) if rows is not None else self.output
+            state, gate = self.model.decoder.step(
+                state, g.memory, g.processed, g.invalid, masks[j] if masks is not None else None,
+                attention=attention, prenet=self.prenet, output=output,
+                attention_rnn=rows.attention_rnn if rows is not None else None,
+                decoder_rnn=rows.decoder_rnn if rows is not None else None)
+            if rows is None:
                 g.frames[j].copy_(state.frame)
                 g.gates[j].copy_(gate)
         g.mels.index_copy_(0, g.step + g.offsets, g.frames)

@@ -33,13 +33,19 @@ And one for Tacotron2's decoder (``GraphedDecoder(..., fused_attention=True)``):
 And one for its prenet (``GraphedDecoder(..., fused_prenet=True)``):
 
 * ``prenet_step``: both prenet layers (product, relu, dropout keep mask,
-  twice) in one launch, each row on its own.
+  twice) in one launch, each row on its own; the masks given, or drawn in
+  the kernel from each row's seed and the step (``StepDropout``), bit for
+  bit as ``randomness`` draws them.
 
-And one for its two LSTM cells (``GraphedDecoder(..., fused_rnn=True)``, in
-graphs of few rows):
+And three for graphs of few rows (``GraphedDecoder(..., fused_rnn=True)``),
+whose programs each read all of the weights for their row:
 
 * ``lstm_cell``: an nn.LSTMCell on the concatenation of two inputs, read in
-  place, both products and the cell update in one launch.
+  place, both products and the cell update in one launch;
+* ``output_step``: the projection and gate layer in one launch, the frame
+  and gate logit written where the caller keeps them;
+* ``query_product``: the attention's query product over many programs,
+  handed to ``attention_step`` (which then skips its own).
 
 ``available()`` is False without Triton or CUDA; callers then use plain torch.
 """
