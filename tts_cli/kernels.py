@@ -868,7 +868,8 @@ def attention_step(ah: Tensor, w_query: Tensor, w_location: Tensor, weights: Ten
         assert query.shape == (b, a) and query.dtype == torch.float32 and query.is_contiguous()
     energies = torch.empty(b, t, dtype=torch.float32, device=memory.device)
     _attention_step_kernel[(b,)](
-        ah, w_query, query if query is not None else energies, w_location, weights, weights_cum, processed_memory, v, invalid.view(torch.uint8),
+        ah, w_query, query if query is not None else energies, w_location, weights, weights_cum,
+        processed_memory, v, invalid.view(torch.uint8),
         memory, context_out, weights_out, weights_cum_out, energies, t, e,
         HAS_QUERY=query is not None, R=r, A=a, K=k, DOT_PRECISION=_dot_precision(weights.dtype),
         BLOCK_R=min(_ATTENTION_BLOCK_R, _pow2(r)), BLOCK_A=_pow2(a), BLOCK_J=_pow2(2 * k),
