@@ -140,6 +140,7 @@ def check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, **fusi
     for cfg, override in [(DecodeSettings(max_decoder_steps=37), None), (DecodeSettings(), forced)]:
         fused = GraphedDecoder(e.tacotron2, cfg, **fusions)
         assert (fused.attention is not None) == fusions.get("fused_attention", False)
+        assert ("split_query" in fused.fusions) == fusions.get("split_query", False)
         assert (fused.prenet is not None) == fusions.get("fused_prenet", False)
         assert (fused.output is not None) == fusions.get("fused_output", False)
         assert (fused.few_rows is not None) == fusions.get("fused_rnn", False)
@@ -160,12 +161,15 @@ def check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, **fusi
             assert alone_err < alone_tol
 
 
+@pytest.mark.parametrize("split_query", [False, True], ids=["one-launch", "split-query"])
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2)])
-def test_graphed_decoder_with_the_fused_attention_equals_the_eager_decode(dtype, tol):
+def test_graphed_decoder_with_the_fused_attention_equals_the_eager_decode(dtype, tol, split_query):
     """GraphedDecoder(fused_attention=True): each step's attention in one
-    Triton launch (kernels.attention_step)."""
+    Triton launch (kernels.attention_step); with split_query, its query
+    product in a launch of its own first (kernels.query_product), in the
+    batch of 3 too."""
     check_graphed_decoder_against_the_eager_decode(
-        dtype, tol, 1e-4 if dtype == torch.float32 else 5e-2, fused_attention=True)
+        dtype, tol, 1e-4 if dtype == torch.float32 else 5e-2, fused_attention=True, split_query=split_query)
 
 
 @pytest.mark.parametrize("dtype, tol, alone_tol", [

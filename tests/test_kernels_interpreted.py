@@ -369,12 +369,23 @@ def _graph_decoder_errors(plug) -> dict:
 
 def fused_attention_decoder_errors(dtype_name: str) -> dict:
     """_graph_decoder_errors with the fused attention kernel."""
+    return _fused_attention_decoder_errors(dtype_name, split_query=False)
+
+
+def split_query_decoder_errors(dtype_name: str) -> dict:
+    """_graph_decoder_errors with the fused attention kernel given its query
+    product from kernels.query_product, in a batch of 3 (split_query)."""
+    return _fused_attention_decoder_errors(dtype_name, split_query=True)
+
+
+def _fused_attention_decoder_errors(dtype_name: str, split_query: bool) -> dict:
     assert dtype_name == "float32"
 
     def plug(decoder_graph, model, cfg):
-        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True)
+        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True,
+                                               split_query=split_query)
         assert graphed.attention is None           # not on CUDA: the module path
-        graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
+        graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer, split_query)
         return graphed
     return _graph_decoder_errors(plug)
 
@@ -546,9 +557,9 @@ def test_fused_attention_step_equals_the_attention_module_under_the_interpreter(
     assert errors["split_query_vs_one_launch"] == 0.0
 
 
-@pytest.mark.parametrize("check", ["fused_attention_decoder_errors", "fused_rnn_decoder_errors",
-                                   "fused_step_decoder_errors"],
-                         ids=["fused-attention", "fused-lstm-cells", "every-fusion"])
+@pytest.mark.parametrize("check", ["fused_attention_decoder_errors", "split_query_decoder_errors",
+                                   "fused_rnn_decoder_errors", "fused_step_decoder_errors"],
+                         ids=["fused-attention", "split-query", "fused-lstm-cells", "every-fusion"])
 def test_graph_decoder_with_fused_parts_equals_the_eager_one_under_the_interpreter(check):
     """The graph decoder's loop with the fused attention, the fused LSTM
     cells, or every fusion: the eager decoder's stops, mel within 1e-4."""

@@ -466,10 +466,14 @@ def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
 # each changing them: name -> (label, flags). "fused_step" turns every one on
 # (the stacked projection and gate product at large batches is the one left
 # off); "rnn_off" is the step before the few-row kernels (the fused LSTM
-# cells, the output kernel and the split query product at batch 1).
+# cells, the output kernel and the split query product at batch 1);
+# "split_query" splits the query product off in graphs of every size (run W:
+# at batch 128 the attention kernel, each row's program reading all of W_q,
+# took 21.1 of a step's 87.7 us).
 DECODER_CANDIDATES = {
     "fused_step": ("every fusion", {"fused_output": True, "fused_prenet": True, "fused_rnn": True}),
     "rnn_off": ("without the few-row kernels (before)", {"fused_rnn": False}),
+    "split_query": ("+ the query product split off at every batch", {"split_query": True}),
 }
 
 

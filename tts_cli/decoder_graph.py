@@ -30,7 +30,8 @@ and the projection and gate layer as one launch, ``kernels.output_step``,
 which writes the frame and the gate logit straight into the graph's buffers;
 with ``fused_attention`` too, the attention's query product runs as a launch
 of its own over many programs (``kernels.query_product``) instead of inside
-the attention kernel's one program per row.
+the attention kernel's one program per row (``split_query=True`` does that
+in graphs of every size: a candidate for large batches).
 Each row's programs read all of the weights, so these kernels only run in
 graphs of at most ``fused_rnn_max_batch`` rows (default 1); larger batches
 keep cuBLAS's products, which read the weights once for all rows (on an H200
@@ -193,7 +194,7 @@ class GraphedDecoder:
     def __init__(self, model: Tacotron2, cfg: DecodeSettings, steps_per_graph: int = 16,
                  memory_bucket: int = 32, fused_attention: bool = False,
                  fused_prenet: bool = False, fused_output: bool = False,
-                 fused_rnn: bool = False, fused_rnn_max_batch: int = 1):
+                 fused_rnn: bool = False, fused_rnn_max_batch: int = 1, split_query: bool = False):
         self.model, self.cfg = model, cfg
         self.k, self.memory_bucket = steps_per_graph, memory_bucket
         self.fused_rnn_max_batch = fused_rnn_max_batch
@@ -212,7 +213,7 @@ class GraphedDecoder:
         # The fused attention kernel, where it can run (CUDA with Triton);
         # None: the attention module's own kernels.
         triton_ok = self.on_cuda and kernels.available()
-        self.attention = (_FusedAttention(model.decoder.attention_layer)
+        self.attention = (_FusedAttention(model.decoder.attention_layer, split_query=split_query)
                           if fused_attention and triton_ok else None)
         # The fused prenet kernel (two layers exactly, as published), where it
         # can run; None: the prenet module.
@@ -231,7 +232,8 @@ class GraphedDecoder:
         """The fusions this decoder runs, by their constructor flags (one
         asked for where it cannot run is not among them)."""
         hooks = {"fused_attention": self.attention, "fused_prenet": self.prenet,
-                 "fused_output": self.output, "fused_rnn": self.few_rows}
+                 "fused_output": self.output, "fused_rnn": self.few_rows,
+                 "split_query": self.attention if self.attention and self.attention.split_query else None}
         return {flag for flag, hook in hooks.items() if hook is not None}
 
     @torch.inference_mode()
