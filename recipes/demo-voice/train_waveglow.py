@@ -253,9 +253,10 @@ class AudioSegments:
         audio = audio.to(self.device).float() / 32768.0
         with torch.no_grad():
             mel = self.mel(audio)
-        if dither > 0:
-            noise = (torch.rand(size, segment, generator=g) - 0.5) * (dither / 32768.0)
-            audio = audio + noise.to(self.device)
+        if dither > 0:   # drawn on the device, from a generator seeded by g (resumable)
+            noise_g = torch.Generator(self.device).manual_seed(int(torch.randint(2 ** 62, (1,), generator=g)))
+            noise = torch.rand(size, segment, generator=noise_g, device=self.device) - 0.5
+            audio = audio + noise * (dither / 32768.0)
         return audio, mel
 
 
