@@ -141,6 +141,7 @@ def check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, **fusi
         fused = GraphedDecoder(e.tacotron2, cfg, **fusions)
         assert (fused.attention is not None) == fusions.get("fused_attention", False)
         assert ("split_query" in fused.fusions) == fusions.get("split_query", False)
+        assert ("tiled_rnn" in fused.fusions) == fusions.get("tiled_rnn", False)
         assert (fused.prenet is not None) == fusions.get("fused_prenet", False)
         assert (fused.output is not None) == fusions.get("fused_output", False)
         assert (fused.few_rows is not None) == fusions.get("fused_rnn", False)
@@ -180,6 +181,16 @@ def test_graphed_decoder_with_the_fused_lstm_cells_equals_the_eager_decode(dtype
     in float32 where the module rounds both products to bfloat16."""
     check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, fused_rnn=True,
                                                    fused_rnn_max_batch=64)   # in the batch of 3 too
+
+
+@pytest.mark.parametrize("dtype, tol, alone_tol", [
+    (torch.float32, 1e-4, 1e-4), (torch.float16, 2e-2, 5e-2), (torch.bfloat16, 1e-1, 5e-2)])
+def test_graphed_decoder_with_the_tiled_lstm_cells_equals_the_eager_decode(dtype, tol, alone_tol):
+    """GraphedDecoder(tiled_rnn=True): each LSTM cell as one tiled product
+    with the cell update in its epilogue (kernels.lstm_cell_tiles), in the
+    batch of 3 and alone (without fused_rnn no graph takes the few-row
+    kernels)."""
+    check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, tiled_rnn=True)
 
 
 @pytest.mark.parametrize("dtype, tol, alone_tol", [

@@ -469,11 +469,14 @@ def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
 # cells, the output kernel and the split query product at batch 1);
 # "split_query" splits the query product off in graphs of every size (run W:
 # at batch 128 the attention kernel, each row's program reading all of W_q,
-# took 21.1 of a step's 87.7 us).
+# took 21.1 of a step's 87.7 us); "tiled_rnn" runs the LSTM cells there as
+# one tiled product each, the cell update in its epilogue (the four cuBLAS
+# products, the two pointwise updates and two concatenations took 31.6 us).
 DECODER_CANDIDATES = {
     "fused_step": ("every fusion", {"fused_output": True, "fused_prenet": True, "fused_rnn": True}),
     "rnn_off": ("without the few-row kernels (before)", {"fused_rnn": False}),
     "split_query": ("+ the query product split off at every batch", {"split_query": True}),
+    "tiled_rnn": ("+ the LSTM cells as tiled products at large batches", {"tiled_rnn": True}),
 }
 
 
