@@ -516,10 +516,14 @@ def _decoder_candidate(engine: Engine, running_ms_batch1: float, batch: int, nam
             f"decoder_frames_per_second_bench_batch_{name}": batch / ms_b * 1e3}
 
 
-def _every_decoder_fusion(engine: Engine) -> dict | None:
-    if engine.graphed is None or not kernels.available():
-        return None
-    return {"graphed": _candidate_decoder(engine, DECODER_CANDIDATES["fused_step"][1])}
+def _decoder_with(*candidates: str):
+    """Variant: the decoder with these DECODER_CANDIDATES' flags too."""
+    def changes(engine: Engine) -> dict | None:
+        if engine.graphed is None or not kernels.available():
+            return None
+        flags = {flag: on for name in candidates for flag, on in DECODER_CANDIDATES[name][1].items()}
+        return {"graphed": _candidate_decoder(engine, flags)}
+    return changes
 
 
 def _denoiser_fft_rows(rows: int):
@@ -561,7 +565,8 @@ END_TO_END_VARIANTS = {
     "again": ("the running path again (a second run)", lambda e: {}),
     "no_overlap": ("each batch handed on before the next is queued (before)",
                    lambda e: {"overlap_batches": False}),
-    "fused_step": ("every decoder fusion", _every_decoder_fusion),
+    "large_batch_decoder": ("the decoder's large-batch candidates (split query, tiled LSTM cells)",
+                            _decoder_with("split_query", "tiled_rnn")),
     "denoiser_per_item": ("denoiser item by item (before)", lambda e: {"denoise_in_batches": False}),
     "no_denoiser": ("without the denoiser (diagnostic: other audio)", lambda e: {"denoiser": None}),
     "denoiser_fft_rows_4096": ("denoiser FFTs 4,096 frames at a time (before)", _denoiser_fft_rows(4096)),
