@@ -471,7 +471,8 @@ def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
 # at batch 128 the attention kernel, each row's program reading all of W_q,
 # took 21.1 of a step's 87.7 us); "tiled_rnn" runs the LSTM cells there as
 # one tiled product each, the cell update in its epilogue (the four cuBLAS
-# products, the two pointwise updates and two concatenations took 31.6 us).
+# products, the two pointwise updates and two of the three concatenations
+# took about 32 us).
 DECODER_CANDIDATES = {
     "fused_step": ("every fusion", {"fused_output": True, "fused_prenet": True, "fused_rnn": True}),
     "rnn_off": ("without the few-row kernels (before)", {"fused_rnn": False}),
