@@ -289,6 +289,24 @@ LSTM_SIZES = {  # I_a, I_b, H, batch, launch shapes (BLOCK_J, BLOCK_K); None: th
 }
 
 
+def _lstm_case(in_a: int, in_b: int, hidden: int, rows: int, dtype):
+    """A random LSTM cell and inputs for the fused cell kernels: the
+    reference (a float32 cell on the weights as rounded to dtype), its fused
+    weight and bias, and (a, b, h, c) in dtype, a and b read through a row
+    stride of I_a + I_b + 7."""
+    import torch
+    from tts_cli import kernels
+    torch.manual_seed(4)
+    cell = torch.nn.LSTMCell(in_a + in_b, hidden).to(dtype).float()
+    weight, bias = kernels.fuse_lstm_weights(cell.weight_ih.to(dtype), cell.weight_hh.to(dtype),
+                                             cell.bias_ih.to(dtype), cell.bias_hh.to(dtype))
+    assert bias.dtype == torch.float32 and weight.dtype == dtype
+    wide = torch.randn(rows, in_a + in_b + 7).to(dtype)
+    a, b = wide[:, :in_a], wide[:, in_a + 7:]
+    h, c = torch.randn(rows, hidden).to(dtype), (2 * torch.randn(rows, hidden)).to(dtype)
+    return cell, weight, bias, (a, b, h, c)
+
+
 def lstm_errors(dtype_name: str) -> dict:
     """kernels.lstm_cell against nn.LSTMCell on cat((a, b), 1) (in float32
     on the same rounded weights and inputs), a and b read through row
@@ -301,15 +319,7 @@ def lstm_errors(dtype_name: str) -> dict:
     errors = {"h": 0.0, "c": 0.0, "batched_vs_alone": 0.0}
     defaults = kernels._LSTM_BLOCK_J, kernels._LSTM_BLOCK_K
     for name, (in_a, in_b, hidden, rows, shapes) in LSTM_SIZES.items():
-        torch.manual_seed(4)
-        # the reference: a float32 cell on the weights as rounded to dtype
-        cell = torch.nn.LSTMCell(in_a + in_b, hidden).to(dtype).float()
-        weight, bias = kernels.fuse_lstm_weights(cell.weight_ih.to(dtype), cell.weight_hh.to(dtype),
-                                                 cell.bias_ih.to(dtype), cell.bias_hh.to(dtype))
-        assert bias.dtype == torch.float32 and weight.dtype == dtype
-        wide = torch.randn(rows, in_a + in_b + 7).to(dtype)
-        a, b = wide[:, :in_a], wide[:, in_a + 7:]                # row stride I_a + I_b + 7
-        h, c = torch.randn(rows, hidden).to(dtype), (2 * torch.randn(rows, hidden)).to(dtype)
+        cell, weight, bias, (a, b, h, c) = _lstm_case(in_a, in_b, hidden, rows, dtype)
 
         def fused(i):
             h_out, c_out = (torch.full((len(i), hidden), float("nan"), dtype=dtype) for _ in range(2))
@@ -342,13 +352,7 @@ def lstm_tiles_errors(dtype_name: str) -> dict:
     dtype = getattr(torch, dtype_name)
     errors = {"h": 0.0, "c": 0.0}
     for in_a, in_b, hidden, rows in ((24, 40, 48, 70), (256, 512, 1024, 3)):
-        torch.manual_seed(4)
-        cell = torch.nn.LSTMCell(in_a + in_b, hidden).to(dtype).float()
-        weight, bias = kernels.fuse_lstm_weights(cell.weight_ih.to(dtype), cell.weight_hh.to(dtype),
-                                                 cell.bias_ih.to(dtype), cell.bias_hh.to(dtype))
-        wide = torch.randn(rows, in_a + in_b + 7).to(dtype)
-        a, b = wide[:, :in_a], wide[:, in_a + 7:]
-        h, c = torch.randn(rows, hidden).to(dtype), (2 * torch.randn(rows, hidden)).to(dtype)
+        cell, weight, bias, (a, b, h, c) = _lstm_case(in_a, in_b, hidden, rows, dtype)
         h_out, c_out = (torch.full((rows, hidden), float("nan"), dtype=dtype) for _ in range(2))
         got = kernels.lstm_cell_tiles(a, b, h, c, weight, bias, h_out, c_out)
         with torch.no_grad():

@@ -1123,6 +1123,24 @@ def fuse_lstm_weights(weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor | No
     return weight, bias
 
 
+def _lstm_cell_shapes(a: Tensor, b: Tensor, h: Tensor, c: Tensor, weight: Tensor, bias: Tensor,
+                      h_out: Tensor, c_out: Tensor) -> tuple[int, int, int, int]:
+    """Checks the arguments of ``lstm_cell`` and ``lstm_cell_tiles`` (one
+    contract); returns (B, I_a, I_b, H)."""
+    rows, in_a = a.shape
+    in_b, hidden = b.shape[1], h.shape[1]
+    assert b.shape[0] == h.shape[0] == c.shape[0] == rows and c.shape[1] == hidden
+    assert weight.shape == (4 * hidden, in_a + in_b + hidden) and bias.shape == (4 * hidden,)
+    assert h_out.shape == c_out.shape == (rows, hidden)
+    assert all(x.stride(1) == 1 for x in (a, b, h, c))
+    assert weight.is_contiguous() and bias.is_contiguous() and h_out.is_contiguous() and c_out.is_contiguous()
+    assert a.dtype == b.dtype == h.dtype == c.dtype == weight.dtype == h_out.dtype == c_out.dtype
+    assert bias.dtype == torch.float32
+    assert h_out.data_ptr() not in (a.data_ptr(), b.data_ptr(), h.data_ptr(), c.data_ptr())
+    assert c_out.data_ptr() not in (a.data_ptr(), b.data_ptr(), h.data_ptr(), c.data_ptr())
+    return rows, in_a, in_b, hidden
+
+
 def lstm_cell(a: Tensor, b: Tensor, h: Tensor, c: Tensor, weight: Tensor, bias: Tensor,
               h_out: Tensor, c_out: Tensor) -> tuple[Tensor, Tensor]:
     """One LSTM cell step on the input cat(a, b), in one launch (inference
@@ -1139,17 +1157,7 @@ def lstm_cell(a: Tensor, b: Tensor, h: Tensor, c: Tensor, weight: Tensor, bias: 
     outputs. float32 accumulation and cell update, c_out rounded once and
     h_out computed from the unrounded c_out; each row is computed on its own,
     in an order that does not depend on B. Returns (h_out, c_out)."""
-    rows, in_a = a.shape
-    in_b, hidden = b.shape[1], h.shape[1]
-    assert b.shape[0] == h.shape[0] == c.shape[0] == rows and c.shape[1] == hidden
-    assert weight.shape == (4 * hidden, in_a + in_b + hidden) and bias.shape == (4 * hidden,)
-    assert h_out.shape == c_out.shape == (rows, hidden)
-    assert all(x.stride(1) == 1 for x in (a, b, h, c))
-    assert weight.is_contiguous() and bias.is_contiguous() and h_out.is_contiguous() and c_out.is_contiguous()
-    assert a.dtype == b.dtype == h.dtype == c.dtype == weight.dtype == h_out.dtype == c_out.dtype
-    assert bias.dtype == torch.float32
-    assert h_out.data_ptr() not in (a.data_ptr(), b.data_ptr(), h.data_ptr(), c.data_ptr())
-    assert c_out.data_ptr() not in (a.data_ptr(), b.data_ptr(), h.data_ptr(), c.data_ptr())
+    rows, in_a, in_b, hidden = _lstm_cell_shapes(a, b, h, c, weight, bias, h_out, c_out)
     block_j = min(_LSTM_BLOCK_J, _pow2(hidden, at_least=1))
     _lstm_cell_kernel[(rows, triton.cdiv(hidden, block_j))](
         a, b, h, c, weight, bias, h_out, c_out, a.stride(0), b.stride(0), h.stride(0), c.stride(0),
@@ -1326,17 +1334,8 @@ def lstm_cell_tiles(a: Tensor, b: Tensor, h: Tensor, c: Tensor, weight: Tensor, 
     all of the weights for every row. H must be a multiple of the unit tile
     (16). Each row's result does not depend on the others' values, but its
     sums run in the tile's order, not lstm_cell's."""
-    rows, in_a = a.shape
-    in_b, hidden = b.shape[1], h.shape[1]
-    assert b.shape[0] == h.shape[0] == c.shape[0] == rows and c.shape[1] == hidden
-    assert weight.shape == (4 * hidden, in_a + in_b + hidden) and bias.shape == (4 * hidden,)
-    assert h_out.shape == c_out.shape == (rows, hidden)
-    assert all(x.stride(1) == 1 for x in (a, b, h, c))
-    assert weight.is_contiguous() and bias.is_contiguous() and h_out.is_contiguous() and c_out.is_contiguous()
-    assert a.dtype == b.dtype == h.dtype == c.dtype == weight.dtype == h_out.dtype == c_out.dtype
-    assert bias.dtype == torch.float32 and hidden % _LSTM_TILES_BLOCK_U == 0
-    assert h_out.data_ptr() not in (a.data_ptr(), b.data_ptr(), h.data_ptr(), c.data_ptr())
-    assert c_out.data_ptr() not in (a.data_ptr(), b.data_ptr(), h.data_ptr(), c.data_ptr())
+    rows, in_a, in_b, hidden = _lstm_cell_shapes(a, b, h, c, weight, bias, h_out, c_out)
+    assert hidden % _LSTM_TILES_BLOCK_U == 0
     block_m = _LSTM_TILES_BLOCK_M
     _lstm_cell_tiles_kernel[(triton.cdiv(rows, block_m), hidden // _LSTM_TILES_BLOCK_U)](
         a, b, h, c, weight, bias, h_out, c_out, rows, a.stride(0), b.stride(0), h.stride(0), c.stride(0),
