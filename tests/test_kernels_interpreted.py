@@ -145,6 +145,56 @@ def coupling_errors(dtype_name: str) -> dict:
             "plain_vs_fp32_model": rel(got_plain, reference)}
 
 
+def fused_cond_errors(dtype_name: str) -> dict:
+    """FastWaveGlow "matmul_fused_cond" (the conditioning inside the taps+gate
+    product, rows phase-major) against the plain torch path and the float32
+    model: the whole inverse, every flow's coupling, and each item alone
+    against the batch (3 items, 8 frames, C = 32, 3 layers, dilations to 4,
+    so taps cross frames and phases and reach past items' lengths)."""
+    import dataclasses
+    import torch
+    from tts_cli import kernels
+    from tts_cli.waveglow import WaveGlow
+    from tts_cli.waveglow_fast import FastWaveGlow
+    from tiny_models import N_MEL, WAVEGLOW_DIMS
+    dtype = getattr(torch, dtype_name)
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()
+    kernels._FIXED_CONFIG = CONFIGS[1]
+    torch.manual_seed(4)
+    model = WaveGlow(dataclasses.replace(WAVEGLOW_DIMS, wn_layers=3, wn_channels=32))
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.05)
+    for conv in model.convinv:
+        q, _ = torch.linalg.qr(torch.randn(conv.conv.weight.shape[0], conv.conv.weight.shape[0]))
+        conv.conv.weight.data = q[:, :, None]
+    model.eval()
+    frames = torch.tensor([5, 8, 2])
+    mel = torch.randn(3, N_MEL, 8) * (torch.arange(8)[None, None, :] < frames[:, None, None])
+    seeds = torch.tensor([5, 6, 7])
+    with torch.inference_mode():
+        reference = model.infer(mel, frames, seeds, sigma=0.666)
+        plain = FastWaveGlow(model, dtype)
+        fused = plain.with_kernels("matmul_fused_cond")
+        fused._fused_coupling = lambda x: fused._coupling_fused_cond   # CPU, interpreted
+        got_plain = plain.infer(mel, frames, seeds, 0.666)
+        got_fused = fused.infer(mel, frames, seeds, 0.666)
+        alone = max((got_fused[i, : frames[i] * 256] - fused.infer(mel[i:i + 1, :, : frames[i]], frames[i:i + 1],
+                                                                     seeds[i:i + 1], 0.666)[0]).abs().max().item()
+                    for i in range(3))
+        windows = plain.frame_windows(mel)
+        keep = (torch.arange(8 * 32)[None, :] < frames[:, None] * 32)[..., None].to(dtype)
+        coupling = 0.0
+        for w, wf in zip(plain.flows, fused.flows):
+            a0 = torch.randn(3, 8 * 32, w.start.shape[0])
+            valid = keep.bool().expand(-1, -1, 2 * w.start.shape[0])   # rows past a length are not compared
+            expected = plain.coupling(w, a0, windows, keep).float()[valid]
+            coupling = max(coupling, rel(fused.coupling(wf, a0, windows, keep).float()[valid], expected))
+    assert got_fused.isfinite().all()
+    return {"fused_cond_vs_plain": rel(got_fused, got_plain), "coupling_fused_cond_vs_plain": coupling,
+            "alone_vs_batched": alone, "fused_cond_vs_fp32_model": rel(got_fused, reference),
+            "plain_vs_fp32_model": rel(got_plain, reference)}
+
+
 ATTENTION_SIZES = {  # R, A, F, K, E, T; rows valid for T, 20 and 5 positions
     "tiny": (32, 16, 4, 7, 24, 37),
     "published_widths": (1024, 128, 32, 31, 512, 70),
@@ -588,6 +638,18 @@ def test_matmul_coupling_equals_the_plain_coupling_under_the_interpreter(dtype, 
     assert errors["padded_vs_matmul"] == 0.0 and errors["coupling_padded_vs_plain"] < tol
     # fp32 accumulation with one rounding: no less accurate than cuBLAS's products
     assert errors["matmul_vs_fp32_model"] < 1.5 * errors["plain_vs_fp32_model"] + 1e-5
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-2)])
+def test_the_conditioning_inside_the_taps_product_equals_the_plain_coupling_under_the_interpreter(dtype, tol):
+    pytest.importorskip("triton")
+    errors = interpreted("fused_cond_errors", dtype)
+    assert errors["fused_cond_vs_plain"] < tol and errors["coupling_fused_cond_vs_plain"] < tol
+    # a line's audio does not depend on the lines beside it in the rows
+    assert errors["alone_vs_batched"] < tol / 10
+    # the conditioning accumulated in float32 with the taps, one rounding:
+    # no less accurate than storing it in the model dtype first
+    assert errors["fused_cond_vs_fp32_model"] < 1.5 * errors["plain_vs_fp32_model"] + 1e-5
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 5e-3)])

@@ -589,20 +589,29 @@ def residual_update(acts: Tensor, w_res: Tensor, b_res: Tensor, x: Tensor) -> Te
 
 
 def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18,
-         paired: bool = False, persistent: bool = False) -> None:
-    """Autotune ``taps_gate`` (its ``paired`` or ``persistent`` form) and
-    ``residual_update`` for width ``c`` and ``dtype`` on scratch tensors of ``rows`` rows (autotuning keys on C and
+         paired: bool = False, persistent: bool = False, fused_cond=None) -> None:
+    """Autotune ``taps_gate`` (its ``paired`` or ``persistent`` form; with
+    ``fused_cond``, a flow's FastWaveGlow weights: ``taps_cond_gate`` over
+    their shapes instead) and ``residual_update`` for width ``c`` and
+    ``dtype`` on scratch tensors of ``rows`` rows (autotuning keys on C and
     the dtypes only, so this choice holds for every later call: tuning on
     the first real call instead could pick a tile for a tiny warm-up batch)."""
     if _FIXED_CONFIG is not None:
         return
     x = torch.randn(rows, c, device=device).to(dtype)
     keep = torch.ones(rows, device=device, dtype=dtype)
-    cond = torch.randn(rows, 2 * c, device=device).to(dtype)
     w_taps = (torch.randn(3 * c, 2 * c, device=device) / (3 * c) ** 0.5).to(dtype)
     out = torch.empty(rows, c, device=device, dtype=dtype)
-    taps_gate(x, keep, cond, 0, pair_gate_columns(w_taps) if paired else w_taps, seq_len=1024, dilation=1,
-              out=out, paired=paired, persistent=persistent)
+    if fused_cond is not None:
+        phases, win = fused_cond.phase_cond[0].shape[:2]
+        layout = PhaseRows(items=1, frames=rows // phases, phases=phases)
+        windows = torch.randn(layout.item_rows, win, device=device).to(dtype)
+        taps_cond_gate(x, keep, windows, fused_cond.phase_cond[0], fused_cond.phase_cond_bias[0],
+                       pair_gate_columns(w_taps), layout, dilation=1, out=out)
+    else:
+        cond = torch.randn(rows, 2 * c, device=device).to(dtype)
+        taps_gate(x, keep, cond, 0, pair_gate_columns(w_taps) if paired else w_taps, seq_len=1024, dilation=1,
+                  out=out, paired=paired, persistent=persistent)
     w_res = (torch.randn(c, c, device=device) / c ** 0.5).to(dtype)
     residual_update(out, w_res, torch.zeros(c, device=device, dtype=dtype), x)
 
@@ -701,6 +710,173 @@ def residual_update_padded(acts: Tensor, w_res: Tensor, b_res: Tensor, x_pad: Te
             acts, w_res, b_res, x_pad, keep, n, acts.stride(0), seq_len, pad,
             C=c, DOT_PRECISION=_dot_precision(x_pad.dtype), PADDED=True)
     return x_pad
+
+
+# ---------------------------------------------------------------------------
+# The taps+gate product with the conditioning inside it
+# (kernels_mode="matmul_fused_cond"), over phase-major rows.
+#
+# The folded conditioning (waveglow_fast.py) gives group step t = 32q + p of
+# an item the product of mel frames q-3..q (a window of WIN = 4 x 80 values)
+# with phase p's weights. Written out, it is 2CL values per row (8 KiB in
+# float16) that every layer's epilogue reads back. Here each layer's share of
+# it is K rows more of the dilated convolution's product instead: every
+# tile's rows must then share one phase, so the rows are phase-major, row
+# p * R + (item * F + q) for group step 32q + p (R: item rows rounded up to a
+# whole number of row blocks, the rest dummy rows that nothing reads). A
+# shifted tap t +- d of a tile is still one phase for all its rows.
+
+# The row count of a phase block is a multiple of this, so no row block
+# straddles two phases: every config's BLOCK_M must divide it.
+PHASE_ROWS_MULTIPLE = 128
+
+if triton is not None:
+    @triton.jit
+    def _phase_major_source(t, item_base, ok, phase_rows, PHASES: tl.constexpr):
+        """The phase-major row of group step t of the item whose rows start at
+        item_base (item * frames), clamped to a real row where ``ok`` is False."""
+        t = tl.where(ok, t, 0)
+        return (t % PHASES).to(tl.int64) * phase_rows + item_base + t // PHASES
+
+    @triton.jit(do_not_specialize=["n_rows", "phase_rows", "item_rows", "frames", "dilation"])
+    def _taps_cond_gate_kernel(x_ptr, keep_ptr, win_ptr, wc_ptr, bias_ptr, w_ptr, out_ptr,
+                               n_rows, phase_rows, item_rows, frames, dilation, out_stride,
+                               C: tl.constexpr, WIN: tl.constexpr, PHASES: tl.constexpr,
+                               DOT_PRECISION: tl.constexpr, GATE: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # One program: a row block (one phase) x BN channels of both halves,
+        # paired as in _taps_gate_paired_tile. K = 3C taps, then WIN window
+        # columns against the tile's phase's conditioning weights.
+        pid = tl.program_id(0)
+        pid_m = pid // (C // BLOCK_N)
+        pid_n = pid % (C // BLOCK_N)
+        phase = (pid_m * BLOCK_M) // phase_rows
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows64 = rows.to(tl.int64)
+        s = rows - phase * phase_rows                 # item * frames + q
+        in_rows = s < item_rows
+        item_base = (s // frames).to(tl.int64) * frames
+        t = (s % frames) * PHASES + phase
+        ok_prev = in_rows & (t >= dilation)
+        src_prev = _phase_major_source(t - dilation, item_base, ok_prev, phase_rows, PHASES)
+        ok_prev = ok_prev & (tl.load(keep_ptr + src_prev, mask=ok_prev, other=0) != 0)
+        ok_mid = in_rows & (tl.load(keep_ptr + rows64, mask=in_rows, other=0) != 0)
+        ok_next = in_rows & (t + dilation < frames * PHASES)
+        src_next = _phase_major_source(t + dilation, item_base, ok_next, phase_rows, PHASES)
+        ok_next = ok_next & (tl.load(keep_ptr + src_next, mask=ok_next, other=0) != 0)
+        ks = tl.arange(0, BLOCK_K)
+        pairs = pid_n * 2 * BLOCK_N + tl.arange(0, 2 * BLOCK_N)
+        w_block = w_ptr + ks[:, None] * (2 * C) + pairs[None, :]
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k in range(0, 3 * C, BLOCK_K):            # a block lies inside one tap
+            tap = k // C
+            src = tl.where(tap == 0, src_prev, tl.where(tap == 1, rows64, src_next))
+            ok = tl.where(tap == 0, ok_prev, tl.where(tap == 1, ok_mid, ok_next))
+            a = tl.load(x_ptr + src[:, None] * C + (k - tap * C) + ks[None, :], mask=ok[:, None], other=0.0)
+            acc = tl.dot(a, tl.load(w_block + k * (2 * C)), acc, input_precision=DOT_PRECISION)
+        win_block = win_ptr + s.to(tl.int64)[:, None] * WIN + ks[None, :]
+        wc_block = wc_ptr + phase.to(tl.int64) * (WIN * 2 * C) + ks[:, None] * (2 * C) + pairs[None, :]
+        for k in range(0, WIN, BLOCK_K):
+            a = tl.load(win_block + k, mask=in_rows[:, None], other=0.0)
+            acc = tl.dot(a, tl.load(wc_block + k * (2 * C)), acc, input_precision=DOT_PRECISION)
+        z_tanh, z_sigmoid = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        bias_tanh = tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+        bias_sigmoid = tl.load(bias_ptr + C + cols).to(tl.float32)[None, :]
+        # every row is stored, dummy rows too (finite values), so no later
+        # product reads memory nothing wrote
+        _gate_store(z_tanh + bias_tanh, z_sigmoid + bias_sigmoid, out_ptr, rows64, rows < n_rows, cols,
+                    out_stride, GATE)
+
+    def _fitting_phase_blocks(configs, named_args, **kwargs):
+        """``_fitting``, and K blocks that tile the window too."""
+        win = {**named_args, **kwargs}["WIN"]
+        fit = [k for k in _fitting(configs, named_args, **kwargs) if win % k.kwargs["BLOCK_K"] == 0]
+        return fit or [_FLOAT32_CONFIG]
+
+    # The paired kernel's candidates, BLOCK_M <= PHASE_ROWS_MULTIPLE.
+    _taps_cond_gate_tuned = triton.autotune(
+        _TAPS_GATE_PAIRED_CONFIGS, key=["C", "WIN"],
+        prune_configs_by={"early_config_prune": _fitting_phase_blocks})(_taps_cond_gate_kernel)
+
+
+@dataclass(frozen=True)
+class PhaseRows:
+    """Where a batch's rows lie in the phase-major layout: ``items`` items of
+    ``frames`` frames, ``phases`` group steps per frame, each phase's block
+    of ``phase_rows`` rows (items * frames real ones, then dummy ones)."""
+    items: int
+    frames: int
+    phases: int
+
+    @property
+    def item_rows(self) -> int:
+        return self.items * self.frames
+
+    @property
+    def phase_rows(self) -> int:
+        return -(-self.item_rows // PHASE_ROWS_MULTIPLE) * PHASE_ROWS_MULTIPLE
+
+    @property
+    def n_rows(self) -> int:
+        return self.phases * self.phase_rows
+
+    def gather(self, y: Tensor) -> Tensor:
+        """(items, frames * phases, n) time-major -> (n_rows, n) phase-major, dummy rows 0."""
+        n = y.shape[-1]
+        y = y.reshape(self.items, self.frames, self.phases, n).permute(2, 0, 1, 3)
+        out = y.new_zeros(self.phases, self.phase_rows, n)
+        out[:, : self.item_rows] = y.reshape(self.phases, self.item_rows, n)
+        return out.view(self.n_rows, n)
+
+    def scatter(self, y: Tensor) -> Tensor:
+        """``gather``'s inverse: (n_rows, n) -> (items, frames * phases, n)."""
+        n = y.shape[-1]
+        y = y.view(self.phases, self.phase_rows, n)[:, : self.item_rows]
+        return y.reshape(self.phases, self.items, self.frames, n).permute(1, 2, 0, 3).reshape(
+            self.items, self.frames * self.phases, n)
+
+
+def pair_phase_conditioning(cond: Tensor, layer: int, phases: int, layers: int) -> Tensor:
+    """FlowWeights.cond (WIN, P * 2CL: phase-major columns, each phase's
+    [layer 0 tanh | layer 0 sigmoid | layer 1 ...]) -> layer ``layer``'s
+    (P, WIN, 2C), its tanh and sigmoid columns paired (``pair_gate_columns``)."""
+    win = cond.shape[0]
+    per_layer = cond.view(win, phases, layers, -1)[:, :, layer].permute(1, 0, 2)   # (P, WIN, 2C)
+    return pair_gate_columns(per_layer.reshape(phases * win, -1)).view(phases, win, -1)
+
+
+def taps_cond_gate(x: Tensor, keep: Tensor, windows: Tensor, w_cond: Tensor, b_cond: Tensor,
+                   w_paired: Tensor, rows: PhaseRows, dilation: int, out: Tensor,
+                   gate: str = "exact") -> Tensor:
+    """One WN layer's gated activations over phase-major rows (``PhaseRows``),
+    the conditioning computed inside the product:
+
+        z = [x'(t-d) | x'(t) | x'(t+d) | window(q)] @ [w_taps ; w_cond[p]] + b_cond,   t = 32q + p
+        out = tanh(z[:, :C]) * sigmoid(z[:, C:])
+
+    x: (n_rows, C) contiguous, phase-major; keep: (n_rows,) of 0 and 1 (a row
+    whose keep is 0 is read as zeros; dummy rows 0); windows: (items *
+    frames, WIN) contiguous, time-major (``FastWaveGlow.frame_windows``);
+    w_cond: (P, WIN, 2C) contiguous, paired (``pair_phase_conditioning``);
+    b_cond: (2C,), [tanh | sigmoid], not paired; w_paired: (3C, 2C),
+    ``pair_gate_columns``'s layout; out: (n_rows, C), row stride free. Every
+    row of ``out`` is written, dummy rows too. Returns ``out``."""
+    n, c = x.shape
+    win = windows.shape[1]
+    assert n == rows.n_rows and keep.shape == (n,) and windows.shape[0] == rows.item_rows
+    assert x.is_contiguous() and keep.is_contiguous() and windows.is_contiguous() and w_cond.is_contiguous()
+    assert w_paired.is_contiguous() and w_paired.shape == (3 * c, 2 * c) and c % 16 == 0
+    assert w_cond.shape == (rows.phases, win, 2 * c) and b_cond.shape == (2 * c,) and b_cond.is_contiguous()
+    assert out.stride(1) == 1 and out.shape == (n, c)
+    assert x.dtype == w_paired.dtype == w_cond.dtype == windows.dtype
+    if _FIXED_CONFIG is not None:
+        assert PHASE_ROWS_MULTIPLE % _FIXED_CONFIG["BLOCK_M"] == 0 and win % _FIXED_CONFIG["BLOCK_K"] == 0
+    _launch(_taps_cond_gate_tuned, _taps_cond_gate_kernel, n, c,
+            x, keep, windows, w_cond, b_cond, w_paired, out,
+            n, rows.phase_rows, rows.item_rows, rows.frames, dilation, out.stride(0),
+            C=c, WIN=win, PHASES=rows.phases, DOT_PRECISION=_dot_precision(x.dtype), GATE=_gate_index(gate, x))
+    return out
 
 
 # ---------------------------------------------------------------------------

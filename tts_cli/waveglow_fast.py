@@ -68,6 +68,10 @@ class FlowWeights:
     skip_end_bias: Tensor    # (2*n_half,)
     inverse: Tensor          # (c, c) float32: audio @ inverse == W^-1 applied per step
     paired_taps: list[Tensor] | None = None   # "matmul_paired"/"_padded": kernels.pair_gate_columns(taps)
+    # "matmul_fused_cond", per layer: cond's columns for the layer, (P, J*n_mel, 2C)
+    # paired (kernels.pair_phase_conditioning), and their bias (2C,)
+    phase_cond: list[Tensor] | None = None
+    phase_cond_bias: list[Tensor] | None = None
 
 
 def _matrix(conv_weight: Tensor) -> Tensor:
@@ -145,7 +149,9 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 class FastWaveGlow:
     """Inference-only WaveGlow over re-laid weights; see the module docstring."""
 
-    KERNELS_MODES = ("elementwise", "matmul", "matmul_paired", "matmul_padded", "matmul_persistent")
+    KERNELS_MODES = ("elementwise", "matmul", "matmul_paired", "matmul_padded", "matmul_persistent",
+                     "matmul_fused_cond")
+    PAIRED_MODES = ("matmul_paired", "matmul_padded", "matmul_persistent", "matmul_fused_cond")
 
     def __init__(self, model: WaveGlow, dtype: torch.dtype, kernels_mode: str = "elementwise",
                  gate: str = "exact"):
@@ -173,10 +179,13 @@ class FastWaveGlow:
         if kernels_mode not in self.KERNELS_MODES:
             raise ValueError(f"kernels_mode must be one of {self.KERNELS_MODES}, not {kernels_mode!r}")
         self.kernels_mode = kernels_mode
-        paired = kernels_mode in ("matmul_paired", "matmul_padded", "matmul_persistent")
+        paired = kernels_mode in self.PAIRED_MODES
         if paired != (self.flows[0].paired_taps is not None):   # a new list: copies share the old
             self.flows = [replace(w, paired_taps=[kernels.pair_gate_columns(t) for t in w.taps] if paired
                                   else None) for w in self.flows]
+        fused_cond = kernels_mode == "matmul_fused_cond"
+        if fused_cond != (self.flows[0].phase_cond is not None):
+            self.flows = [replace(w, **self._phase_conditioning(w, fused_cond)) for w in self.flows]
         device = self.flows[0].start.device
         if kernels_mode == "matmul_padded" and device.type == "cuda" and kernels.available() \
                 and not kernels.padded_available():
@@ -184,7 +193,22 @@ class FastWaveGlow:
                                "descriptors (triton.tools.tensor_descriptor); use 'matmul_paired'")
         if kernels_mode.startswith("matmul") and device.type == "cuda" and kernels.available():
             kernels.tune(self.flows[0].start.shape[1], self.dtype, device, paired=paired,
-                         persistent=kernels_mode == "matmul_persistent")
+                         persistent=kernels_mode == "matmul_persistent",
+                         fused_cond=self.flows[0] if fused_cond else None)
+
+    def _phase_conditioning(self, w: FlowWeights, wanted: bool) -> dict:
+        """FlowWeights fields for "matmul_fused_cond" (None where not ``wanted``)."""
+        if not wanted:
+            return {"phase_cond": None, "phase_cond_bias": None}
+        d = self.dims
+        phases, layers, c2 = d.hop_length // d.n_group, len(w.taps), 2 * w.start.shape[1]
+        return {"phase_cond": [kernels.pair_phase_conditioning(w.cond, i, phases, layers) for i in range(layers)],
+                "phase_cond_bias": [w.cond_bias[c2 * i: c2 * (i + 1)].contiguous() for i in range(layers)]}
+
+    def phase_rows(self, mel: Tensor) -> kernels.PhaseRows:
+        """The phase-major layout of a (B, n_mel, F) batch's group steps."""
+        d = self.dims
+        return kernels.PhaseRows(items=mel.shape[0], frames=mel.shape[2], phases=d.hop_length // d.n_group)
 
     def frame_windows(self, mel: Tensor) -> Tensor:
         """(B, n_mel, F) -> (B*F, J*n_mel): frames q-J+1..q for each q, zeros before 0."""
@@ -196,9 +220,15 @@ class FastWaveGlow:
 
     def coupling(self, w: FlowWeights, a0: Tensor, windows: Tensor, keep: Tensor) -> Tensor:
         """WN(a0, mel): (B, T, n_half) -> (B, T, 2*n_half) in the model dtype."""
+        fused = self._fused_coupling(a0)
+        if fused is not None and self.kernels_mode == "matmul_fused_cond":   # via the phase-major rows
+            d = self.dims
+            rows = kernels.PhaseRows(a0.shape[0], a0.shape[1] * d.n_group // d.hop_length,
+                                     d.hop_length // d.n_group)
+            out = fused(w, rows.gather(a0), windows, rows.gather(keep).view(-1), rows)
+            return rows.scatter(out)
         x = _linear(a0.to(self.dtype), w.start, w.start_bias)
         cond = torch.addmm(w.cond_bias, windows, w.cond).view(*x.shape[:2], -1)   # (B, T, 2CL)
-        fused = self._fused_coupling(x)
         if fused is not None:
             return fused(w, x, cond, keep)
         c, layers = w.start.shape[1], len(w.taps)
@@ -219,6 +249,8 @@ class FastWaveGlow:
             return None
         if self.kernels_mode == "matmul_padded":   # refused in _set_kernels_mode where it cannot run
             return self._coupling_fused_padded
+        if self.kernels_mode == "matmul_fused_cond":
+            return self._coupling_fused_cond
         return self._coupling_fused if self.kernels_mode == "elementwise" else self._coupling_fused_matmul
 
     def _coupling_fused(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
@@ -278,6 +310,23 @@ class FastWaveGlow:
                 kernels.residual_update_padded(layer_acts, w.res[i], w.res_bias[i], x_pad, keep, t, pad)
         return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
 
+    def _coupling_fused_cond(self, w: FlowWeights, a0: Tensor, windows: Tensor, keep: Tensor,
+                             rows: kernels.PhaseRows) -> Tensor:
+        """``coupling`` over phase-major rows (a0: (n_rows, n_half), keep:
+        (n_rows,)), the conditioning inside each layer's taps+gate product
+        (kernels.taps_cond_gate): no (rows, 2CL) conditioning is ever stored.
+        Returns (n_rows, 2*n_half); dummy rows hold finite values."""
+        x = torch.addmm(w.start_bias, a0.to(self.dtype), w.start)
+        c, layers = x.shape[1], len(w.taps)
+        acts = x.new_empty(x.shape[0], layers * c)
+        for i in range(layers):
+            layer_acts = acts[:, c * i: c * (i + 1)]
+            kernels.taps_cond_gate(x, keep, windows, w.phase_cond[i], w.phase_cond_bias[i], w.paired_taps[i],
+                                   rows, 2 ** i, out=layer_acts, gate=self.gate)
+            if i < layers - 1:
+                kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
+        return torch.addmm(w.skip_end_bias, acts, w.skip_end)
+
     def infer(self, mel: Tensor, frames: Tensor, seeds: Tensor, sigma: float) -> Tensor:
         """Same contract as ``WaveGlow.infer``: float32 audio (B, F*hop)."""
         d = self.dims
@@ -285,16 +334,33 @@ class FastWaveGlow:
         b, steps = mel.shape[0], mel.shape[2] * d.hop_length // d.n_group
         valid = frames * (d.hop_length // d.n_group)
         keep = (torch.arange(steps, device=mel.device)[None, :] < valid[:, None])[..., None]
-        n_final = self.flows[-1].inverse.shape[0]
-        audio = sigma * randomness.normal(seeds, randomness.NOISE_STREAM, n_final, steps).transpose(1, 2)
+        noise = lambda stream, n: sigma * randomness.normal(seeds, stream, n, steps).transpose(1, 2)
+        fused = self._fused_coupling(mel)
+        if fused is not None and self.kernels_mode == "matmul_fused_cond":
+            # phase-major rows from the first flow to the last (_coupling_fused_cond)
+            rows = self.phase_rows(mel)
+            keep_rows = rows.gather(keep.to(self.dtype)).view(-1)
+            audio = self._flows_inverse(lambda w, a0: fused(w, a0, windows, keep_rows, rows),
+                                        lambda stream, n: rows.gather(noise(stream, n)), 1)
+            return (rows.scatter(audio) * keep).reshape(b, -1)
+        keep_model = keep.to(self.dtype)
+        audio = self._flows_inverse(lambda w, a0: self.coupling(w, a0, windows, keep_model), noise, 2)
+        return (audio * keep).reshape(b, -1)
+
+    def _flows_inverse(self, coupling, noise, dim: int) -> Tensor:
+        """The flows undone from the last to the first over float32 audio
+        whose channels are dimension ``dim`` (rows before it): ``coupling(w,
+        a0)`` gives a flow's WN output, ``noise(stream, n)`` n channels of
+        noise (the initial state and each early output) in the same rows."""
+        d = self.dims
+        audio = noise(randomness.NOISE_STREAM, self.flows[-1].inverse.shape[0])
         for k in reversed(range(d.n_flows)):
             w = self.flows[k]
-            n_half = audio.shape[2] // 2
-            a0, a1 = audio[..., :n_half], audio[..., n_half:]
-            out = self.coupling(w, a0, windows, keep.to(self.dtype)).float()
-            a1 = (a1 - out[..., :n_half]) / torch.exp(out[..., n_half:])
-            audio = torch.cat((a0, a1), 2) @ w.inverse
+            n_half = audio.shape[dim] // 2
+            a0, a1 = audio.split(n_half, dim)
+            out = coupling(w, a0).float()
+            a1 = (a1 - out.narrow(dim, 0, n_half)) / torch.exp(out.narrow(dim, n_half, n_half))
+            audio = torch.cat((a0, a1), dim) @ w.inverse
             if k % d.n_early_every == 0 and k > 0:
-                z = randomness.normal(seeds, randomness.NOISE_STREAM + 16 * k, d.n_early_size, steps)
-                audio = torch.cat((sigma * z.transpose(1, 2), audio), 2)
-        return (audio * keep).reshape(b, -1)
+                audio = torch.cat((noise(randomness.NOISE_STREAM + 16 * k, d.n_early_size), audio), dim)
+        return audio
