@@ -417,7 +417,8 @@ def autotune_timings() -> dict:
     if triton is None:
         return {}
     tuned = {"taps_gate": _taps_gate_tuned, "taps_gate_paired": _taps_gate_paired_tuned,
-             "taps_gate_persistent": _taps_gate_persistent_tuned, "residual_update": _residual_update_tuned}
+             "taps_gate_persistent": _taps_gate_persistent_tuned, "residual_update": _residual_update_tuned,
+             "taps_cond_gate": _taps_cond_gate_tuned}
     report = {}
     for name, kernel in tuned.items():
         timings = getattr(kernel, "configs_timings", None) or {}
