@@ -55,11 +55,13 @@ def test_on_a_gpu_kind_already_measured_only_its_best_config_is_compiled(monkeyp
     # start-up on an H200. Where the bench measured the winner, only it is.
     pytest.importorskip("triton")
     from tts_cli import kernels
-    args = {"x_ptr": object(), "DOT_PRECISION": "tf32"}
+    args = {"x_ptr": object(), "DOT_PRECISION": "tf32", "WIN": 320}
     for (kernel, capability, c), best in kernels.MEASURED_BEST.items():
         candidates = {"taps_gate_paired": kernels._TAPS_GATE_PAIRED_CONFIGS,
+                      "taps_cond_gate": kernels._TAPS_GATE_PAIRED_CONFIGS,
                       "residual_update": kernels._RESIDUAL_CONFIGS}[kernel]
-        prune = kernels._fitting_or_measured(kernel)
+        prune = (kernels._phase_blocks_or_measured if kernel == "taps_cond_gate"
+                 else kernels._fitting_or_measured(kernel))
         monkeypatch.setattr(kernels, "_capability", lambda tensor: capability)
         chosen = prune(candidates, args, C=c)
         assert len(chosen) == 1 and kernels._same_config(chosen[0], best)

@@ -572,8 +572,8 @@ END_TO_END_VARIANTS = {
     "no_denoiser": ("without the denoiser (diagnostic: other audio)", lambda e: {"denoiser": None}),
     "denoiser_fft_rows_4096": ("denoiser FFTs 4,096 frames at a time (before)", _denoiser_fft_rows(4096)),
     "exact_gate": ("WaveGlow's gate computed exactly (before)", _waveglow_with(gate="exact")),
-    "fused_cond": ("WaveGlow's conditioning inside the taps+gate product (phase-major rows)",
-                   _waveglow_with(kernels_mode="matmul_fused_cond")),
+    "separate_cond": ("WaveGlow's conditioning as a product of its own (matmul_paired, before)",
+                      _waveglow_with(kernels_mode="matmul_paired")),
 }
 
 

@@ -126,9 +126,12 @@ class Result:
 # columns paired (460.7 against 443.8). In graphs of one row, the few-row
 # kernels (fused_rnn: both LSTM cells, the projection and gate, the split
 # query product; 37.9 against 61.0 us per step at batch 1, run V's profile,
-# 2026-11-30). The bench measures the alternatives beside these.
+# 2026-11-30). WaveGlow's conditioning inside the paired taps+gate product,
+# over phase-major rows (matmul_fused_cond: WaveGlow alone 1.096x, end to end
+# 1.091x over matmul_paired, run X, 2026-12-01). The bench measures the
+# alternatives beside these.
 DECODER_FUSIONS = {"fused_attention": True, "fused_prenet": True, "fused_rnn": True}
-WAVEGLOW_KERNELS = "matmul_paired"
+WAVEGLOW_KERNELS = "matmul_fused_cond"
 # The gate in WaveGlow's taps+gate epilogue from the GPU's tanh instruction on
 # float16 pairs (kernels.GATE_FORMS; float32 stays exact). H200 (BENCHMARKS.md):
 # the exact gate took 39 % of that kernel's time (run R); WaveGlow alone ran

@@ -403,7 +403,12 @@ if triton is not None:
 # the paired kernel's best is (128, 128, 64, 8 warps, 3 stages): 0.466
 # against 0.481 ms for the exact gate's (128, 128, 32, 8, 4), over 262,144
 # rows of C = 256 (run U, BENCHMARKS.md, ten configs timed side by side).
+# The taps+cond+gate kernel (K = 3C + 320) over 262,144 rows: (128, 128, 32,
+# 8 warps, 4 stages) 0.539 ms, (128, 128, 64, 8, 3) 0.614, (128, 64, 64, 8, 3)
+# 0.720, (64, 128, 64, 4, 4) 0.843 (run X, 2026-12-01).
 MEASURED_BEST = {
+    ("taps_cond_gate", (9, 0), 256): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32,
+                                      "num_warps": 8, "num_stages": 4},
     ("taps_gate_paired", (9, 0), 256): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
                                         "num_warps": 8, "num_stages": 3},
     ("residual_update", (9, 0), 256): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64,
@@ -795,10 +800,14 @@ if triton is not None:
         fit = [k for k in _fitting(configs, named_args, **kwargs) if win % k.kwargs["BLOCK_K"] == 0]
         return fit or [_FLOAT32_CONFIG]
 
+    def _phase_blocks_or_measured(configs, named_args, **kwargs):
+        fit = _fitting_phase_blocks(configs, named_args, **kwargs)
+        return _fitting_or_measured("taps_cond_gate")(fit, named_args, **kwargs)
+
     # The paired kernel's candidates, BLOCK_M <= PHASE_ROWS_MULTIPLE.
     _taps_cond_gate_tuned = triton.autotune(
         _TAPS_GATE_PAIRED_CONFIGS, key=["C", "WIN"],
-        prune_configs_by={"early_config_prune": _fitting_phase_blocks})(_taps_cond_gate_kernel)
+        prune_configs_by={"early_config_prune": _phase_blocks_or_measured})(_taps_cond_gate_kernel)
 
 
 @dataclass(frozen=True)
