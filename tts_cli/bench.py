@@ -217,12 +217,13 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         before = _one_off_counters(engine, device)
         summary = _corpus_run(settings, corpus, Path(tmp) / "out", engine)
         first_run = _one_off_costs(engine, device, before, "first_run")
+        peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
         if b.end_to_end_only:
             later = [_corpus_run(settings, corpus, Path(tmp) / f"out{i}", engine).speed
                      for i in range(1, b.repeat)]
             return {**end_to_end_result(b, device, settings, summary, startup), **first_run,
+                    "peak_gpu_memory_gib": peak,
                     **({"later_runs_audio_seconds_per_second": [round(x, 1) for x in later]} if later else {})}
-        peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
         window = _first_lines(b.corpus, min(4 * b.batch_size, summary.counts["ok"] or 1), Path(tmp) / "w.txt")
         busy = _busy_window(settings, window, Path(tmp) / "busy", engine)
         baseline = _baseline(engine, b, settings, Path(tmp))
@@ -775,6 +776,7 @@ END_TO_END_TABLE = [
     ("audio seconds per wall second", "audio_seconds_per_second", "{:.1f}"),
     ("audio seconds per wall second per process", "audio_seconds_per_second_per_process", "{:.1f}"),
     ("startup s (build, warm-up; the slowest process)", "startup_seconds", "{:.1f}"),
+    ("peak GPU memory GiB (this process, the corpus run)", "peak_gpu_memory_gib", "{:.1f}"),
     *FIRST_RUN_ROWS,
     ("later runs in the same process (--repeat): audio s per wall s", "later_runs_audio_seconds_per_second", "{}"),
 ]
