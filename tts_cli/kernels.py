@@ -595,13 +595,16 @@ def residual_update(acts: Tensor, w_res: Tensor, b_res: Tensor, x: Tensor) -> Te
 
 
 def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18,
-         paired: bool = False, persistent: bool = False, fused_cond=None) -> None:
+         paired: bool = False, persistent: bool = False, fused_cond=None, gate: str = "exact") -> None:
     """Autotune ``taps_gate`` (its ``paired`` or ``persistent`` form; with
     ``fused_cond``, a flow's FastWaveGlow weights: ``taps_cond_gate`` over
     their shapes instead) and ``residual_update`` for width ``c`` and
     ``dtype`` on scratch tensors of ``rows`` rows (autotuning keys on C and
     the dtypes only, so this choice holds for every later call: tuning on
-    the first real call instead could pick a tile for a tiny warm-up batch)."""
+    the first real call instead could pick a tile for a tiny warm-up batch).
+    ``gate``: the form that will run, so that the variant compiled here is
+    the one used (each GATE is a compilation of its own: on an H200 the
+    taps+cond+gate kernel took 8-9 s each, 2026-12-01)."""
     if _FIXED_CONFIG is not None:
         return
     x = torch.randn(rows, c, device=device).to(dtype)
@@ -613,11 +616,11 @@ def tune(c: int, dtype: torch.dtype, device: torch.device, rows: int = 1 << 18,
         layout = PhaseRows(items=1, frames=rows // phases, phases=phases)
         windows = torch.randn(layout.item_rows, win, device=device).to(dtype)
         taps_cond_gate(x, keep, windows, fused_cond.phase_cond[0], fused_cond.phase_cond_bias[0],
-                       pair_gate_columns(w_taps), layout, dilation=1, out=out)
+                       pair_gate_columns(w_taps), layout, dilation=1, out=out, gate=gate)
     else:
         cond = torch.randn(rows, 2 * c, device=device).to(dtype)
         taps_gate(x, keep, cond, 0, pair_gate_columns(w_taps) if paired else w_taps, seq_len=1024, dilation=1,
-                  out=out, paired=paired, persistent=persistent)
+                  out=out, paired=paired, persistent=persistent, gate=gate)
     w_res = (torch.randn(c, c, device=device) / c ** 0.5).to(dtype)
     residual_update(out, w_res, torch.zeros(c, device=device, dtype=dtype), x)
 

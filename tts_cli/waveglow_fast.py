@@ -169,10 +169,10 @@ class FastWaveGlow:
         """This WaveGlow (the same weights, shared) running ``kernels_mode``
         and ``gate`` (None: as this one)."""
         other = copy.copy(self)
+        if gate is not None:   # first: the kernels mode compiles the gate that will run
+            other.gate = kernels.gate_for(gate, self.dtype)
         if kernels_mode is not None:
             other._set_kernels_mode(kernels_mode)
-        if gate is not None:
-            other.gate = kernels.gate_for(gate, self.dtype)
         return other
 
     def _set_kernels_mode(self, kernels_mode: str) -> None:
@@ -194,7 +194,7 @@ class FastWaveGlow:
         if kernels_mode.startswith("matmul") and device.type == "cuda" and kernels.available():
             kernels.tune(self.flows[0].start.shape[1], self.dtype, device, paired=paired,
                          persistent=kernels_mode == "matmul_persistent",
-                         fused_cond=self.flows[0] if fused_cond else None)
+                         fused_cond=self.flows[0] if fused_cond else None, gate=self.gate)
 
     def _phase_conditioning(self, w: FlowWeights, wanted: bool) -> dict:
         """FlowWeights fields for "matmul_fused_cond" (None where not ``wanted``)."""
