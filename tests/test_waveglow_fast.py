@@ -69,3 +69,29 @@ def test_on_a_gpu_kind_already_measured_only_its_best_config_is_compiled(monkeyp
         assert len(prune(candidates, args, C=c // 2)) > 1, "another width: the autotuner chooses"
         monkeypatch.setattr(kernels, "_capability", lambda tensor: (8, 0))
         assert prune(candidates, args, C=c) == kernels._fitting(candidates, args, C=c), "another GPU kind"
+
+
+def test_phase_major_rows_put_each_group_step_where_the_fused_conditioning_kernel_reads_it():
+    from tts_cli.kernels import PHASE_ROWS_MULTIPLE, PhaseRows
+    rows = PhaseRows(items=3, frames=5, phases=4)
+    assert rows.phase_rows == PHASE_ROWS_MULTIPLE and rows.n_rows == 4 * PHASE_ROWS_MULTIPLE
+    y = torch.randn(3, 5 * 4, 2)                        # (items, group steps, channels)
+    laid = rows.gather(y)
+    for b, t in [(0, 0), (1, 7), (2, 19)]:               # step t = 4q + p lies at row p R + (b F + q)
+        q, p = divmod(t, 4)
+        assert torch.equal(laid[p * rows.phase_rows + b * 5 + q], y[b, t])
+    dummy = laid.view(4, rows.phase_rows, 2)[:, rows.item_rows:]
+    assert dummy.numel() > 0 and not dummy.any()         # rows no step maps to hold zeros
+    assert torch.equal(rows.scatter(laid), y)
+
+
+@torch.inference_mode()
+def test_where_the_fused_conditioning_kernel_cannot_run_its_mode_is_plain_torch_without_a_second_copy():
+    model = tiny_waveglow(seed=7)
+    fast = FastWaveGlow(model, torch.float32, kernels_mode="matmul_fused_cond")
+    assert all(w.phase_cond is None for w in fast.flows)   # CPU: the kernel's weights are not built
+    frames = torch.tensor([4, 9])
+    mel = torch.randn(2, N_MEL, 9) * (torch.arange(9)[None, None, :] < frames[:, None, None])
+    seeds = torch.tensor([5, 6])
+    assert torch.equal(fast.infer(mel, frames, seeds, 0.666),
+                       fast.with_kernels("elementwise").infer(mel, frames, seeds, 0.666))

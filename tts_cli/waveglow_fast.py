@@ -184,9 +184,10 @@ class FastWaveGlow:
             self.flows = [replace(w, paired_taps=[kernels.pair_gate_columns(t) for t in w.taps] if paired
                                   else None) for w in self.flows]
         fused_cond = kernels_mode == "matmul_fused_cond"
-        if fused_cond != (self.flows[0].phase_cond is not None):
-            self.flows = [replace(w, **self._phase_conditioning(w, fused_cond)) for w in self.flows]
         device = self.flows[0].start.device
+        # only where the kernel runs: elsewhere this mode is plain torch, and the
+        # weights would be a second copy of the conditioning (2 GB in float32)
+        self._keep_phase_conditioning(fused_cond and device.type == "cuda" and kernels.available())
         if kernels_mode == "matmul_padded" and device.type == "cuda" and kernels.available() \
                 and not kernels.padded_available():
             raise RuntimeError("kernels_mode 'matmul_padded' needs a Triton with host-side tensor "
@@ -195,6 +196,12 @@ class FastWaveGlow:
             kernels.tune(self.flows[0].start.shape[1], self.dtype, device, paired=paired,
                          persistent=kernels_mode == "matmul_persistent",
                          fused_cond=self.flows[0] if fused_cond else None, gate=self.gate)
+
+    def _keep_phase_conditioning(self, wanted: bool) -> None:
+        """Every flow's "matmul_fused_cond" weights built, or dropped (a new
+        list of flows either way: copies share the old)."""
+        if wanted != (self.flows[0].phase_cond is not None):
+            self.flows = [replace(w, **self._phase_conditioning(w, wanted)) for w in self.flows]
 
     def _phase_conditioning(self, w: FlowWeights, wanted: bool) -> dict:
         """FlowWeights fields for "matmul_fused_cond" (None where not ``wanted``)."""
@@ -225,6 +232,8 @@ class FastWaveGlow:
             d = self.dims
             rows = kernels.PhaseRows(a0.shape[0], a0.shape[1] * d.n_group // d.hop_length,
                                      d.hop_length // d.n_group)
+            if w.phase_cond is None:   # a caller's flow from before the mode was set
+                w = replace(w, **self._phase_conditioning(w, True))
             out = fused(w, rows.gather(a0), windows, rows.gather(keep).view(-1), rows)
             return rows.scatter(out)
         x = _linear(a0.to(self.dtype), w.start, w.start_bias)
@@ -338,6 +347,7 @@ class FastWaveGlow:
         fused = self._fused_coupling(mel)
         if fused is not None and self.kernels_mode == "matmul_fused_cond":
             # phase-major rows from the first flow to the last (_coupling_fused_cond)
+            self._keep_phase_conditioning(True)   # built already where the kernel runs on a GPU
             rows = self.phase_rows(mel)
             keep_rows = rows.gather(keep.to(self.dtype)).view(-1)
             audio = self._flows_inverse(lambda w, a0: fused(w, a0, windows, keep_rows, rows),
