@@ -128,7 +128,9 @@ def waveglow_rows_within(budget_bytes: float, dims, dtype: torch.dtype) -> int:
     ``budget_bytes`` of activations. Per row, one coupling holds in the model
     dtype x (C), the shifted taps (3C), the dilated product (2C), every
     layer's gated activations (L*C) and every layer's conditioning (2*C*L),
-    plus the float32 audio state; the plain path holds less. At least one."""
+    plus the float32 audio state; the plain path holds less, and
+    "matmul_fused_cond" stores no conditioning (about half: run Y's peak
+    was 7.4 GiB under the 15 GiB default). At least one."""
     c, layers = dims.wn_channels, dims.wn_layers
     per_row = (6 + 3 * layers) * c * torch.empty((), dtype=dtype).element_size() + 4 * 2 * dims.n_group
     return max(1, int(budget_bytes // per_row))
