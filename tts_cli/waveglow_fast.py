@@ -35,7 +35,12 @@ tensor memory accelerator loads without masks (it needs a Triton with
 host-side tensor descriptors: asked for on CUDA without them, it is refused);
 or "matmul_persistent", "matmul_paired"'s product from one or two programs per SM
 looping over the tiles, its tile loop and K loop pipelined as one where the
-autotuner finds that faster. In the "matmul" forms the gate's tanh and
+autotuner finds that faster; or "matmul_fused_cond" (the default on CUDA),
+"matmul_paired" with each layer's share of the folded conditioning as 4 x 80
+more K rows of its taps+gate product (kernels.taps_cond_gate), so that the
+(rows, 2CL) conditioning is never stored: a row block must then share one
+phase's weights, so from the first flow to the last the rows are
+phase-major (kernels.PhaseRows). In the "matmul" forms the gate's tanh and
 sigmoid are computed as ``gate`` says (kernels.GATE_FORMS: exactly, or with
 the GPU's tanh instruction; 16-bit dtypes only).
 
