@@ -123,14 +123,15 @@ def test_every_waveglow_kernels_mode_equals_the_plain_eager_path(mode, dtype, to
         assert audio_err < tol
 
 
-def check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, **fusions):
+def check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, split_attention=False, **fusions):
     """GraphedDecoder(**fusions) against the eager decode: same stops,
     gate-driven (37 steps at most) and at forced lengths, mels within
     ``tol``; each line alone as in the batch (within ``alone_tol``: the
-    other kernels are cuBLAS's)."""
+    other kernels are cuBLAS's). With ``split_attention`` (and the fused
+    attention), every graph takes the few-row path's split attention."""
     from tts_cli import kernels
     from tts_cli.batching import pad_sequences
-    from tts_cli.decoder_graph import GraphedDecoder
+    from tts_cli.decoder_graph import GraphedDecoder, _FusedAttention
     from tts_cli.tacotron2 import decode
     assert kernels.available()
     e = engine(dtype)
@@ -140,8 +141,8 @@ def check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, **fusi
     for cfg, override in [(DecodeSettings(max_decoder_steps=37), None), (DecodeSettings(), forced)]:
         fused = GraphedDecoder(e.tacotron2, cfg, **fusions)
         assert (fused.attention is not None) == fusions.get("fused_attention", False)
-        assert ("split_query" in fused.fusions) == fusions.get("split_query", False)
-        assert ("tiled_rnn" in fused.fusions) == fusions.get("tiled_rnn", False)
+        if split_attention:
+            fused.attention = _FusedAttention(e.tacotron2.decoder.attention_layer, split_query=True)
         assert (fused.prenet is not None) == fusions.get("fused_prenet", False)
         assert (fused.output is not None) == fusions.get("fused_output", False)
         assert (fused.few_rows is not None) == fusions.get("fused_rnn", False)
@@ -162,15 +163,16 @@ def check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, **fusi
             assert alone_err < alone_tol
 
 
-@pytest.mark.parametrize("split_query", [False, True], ids=["one-launch", "split-query"])
+@pytest.mark.parametrize("split_attention", [False, True], ids=["one-launch", "split-query"])
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 2e-2)])
-def test_graphed_decoder_with_the_fused_attention_equals_the_eager_decode(dtype, tol, split_query):
+def test_graphed_decoder_with_the_fused_attention_equals_the_eager_decode(dtype, tol, split_attention):
     """GraphedDecoder(fused_attention=True): each step's attention in one
-    Triton launch (kernels.attention_step); with split_query, its query
-    product in a launch of its own first (kernels.query_product), in the
-    batch of 3 too."""
+    Triton launch (kernels.attention_step); with split_attention, the
+    few-row path's split attention, its query product in a launch of its own
+    first (kernels.query_product), in the batch of 3 too."""
     check_graphed_decoder_against_the_eager_decode(
-        dtype, tol, 1e-4 if dtype == torch.float32 else 5e-2, fused_attention=True, split_query=split_query)
+        dtype, tol, 1e-4 if dtype == torch.float32 else 5e-2, split_attention=split_attention,
+        fused_attention=True)
 
 
 @pytest.mark.parametrize("dtype, tol, alone_tol", [
@@ -181,16 +183,6 @@ def test_graphed_decoder_with_the_fused_lstm_cells_equals_the_eager_decode(dtype
     in float32 where the module rounds both products to bfloat16."""
     check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, fused_rnn=True,
                                                    fused_rnn_max_batch=64)   # in the batch of 3 too
-
-
-@pytest.mark.parametrize("dtype, tol, alone_tol", [
-    (torch.float32, 1e-4, 1e-4), (torch.float16, 2e-2, 5e-2), (torch.bfloat16, 1e-1, 5e-2)])
-def test_graphed_decoder_with_the_tiled_lstm_cells_equals_the_eager_decode(dtype, tol, alone_tol):
-    """GraphedDecoder(tiled_rnn=True): each LSTM cell as one tiled product
-    with the cell update in its epilogue (kernels.lstm_cell_tiles), in the
-    batch of 3 and alone (without fused_rnn no graph takes the few-row
-    kernels)."""
-    check_graphed_decoder_against_the_eager_decode(dtype, tol, alone_tol, tiled_rnn=True)
 
 
 @pytest.mark.parametrize("dtype, tol, alone_tol", [

@@ -340,7 +340,7 @@ LSTM_SIZES = {  # I_a, I_b, H, batch, launch shapes (BLOCK_J, BLOCK_K); None: th
 
 
 def _lstm_case(in_a: int, in_b: int, hidden: int, rows: int, dtype):
-    """A random LSTM cell and inputs for the fused cell kernels: the
+    """A random LSTM cell and inputs for kernels.lstm_cell: the
     reference (a float32 cell on the weights as rounded to dtype), its fused
     weight and bias, and (a, b, h, c) in dtype, a and b read through a row
     stride of I_a + I_b + 7."""
@@ -391,28 +391,6 @@ def lstm_errors(dtype_name: str) -> dict:
     return errors
 
 
-def lstm_tiles_errors(dtype_name: str) -> dict:
-    """kernels.lstm_cell_tiles against nn.LSTMCell on cat((a, b), 1) (in
-    float32 on the same rounded weights and inputs), a and b read through
-    row strides wider than their widths, a batch of 70 rows (a second row
-    tile, partly past the batch) and the attention LSTM's published widths
-    for 3 rows: max abs errors of h' and c'."""
-    import torch
-    from tts_cli import kernels
-    dtype = getattr(torch, dtype_name)
-    errors = {"h": 0.0, "c": 0.0}
-    for in_a, in_b, hidden, rows in ((24, 40, 48, 70), (256, 512, 1024, 3)):
-        cell, weight, bias, (a, b, h, c) = _lstm_case(in_a, in_b, hidden, rows, dtype)
-        h_out, c_out = (torch.full((rows, hidden), float("nan"), dtype=dtype) for _ in range(2))
-        got = kernels.lstm_cell_tiles(a, b, h, c, weight, bias, h_out, c_out)
-        with torch.no_grad():
-            expected = cell(torch.cat((a, b), 1).float(), (h.float(), c.float()))
-        errors["h"] = max(errors["h"], worst(got[0], expected[0]))
-        errors["c"] = max(errors["c"], worst(got[1], expected[1]))
-        print(hidden, errors, file=sys.stderr)
-    return errors
-
-
 def _few_programs() -> None:
     """Wide LSTM cell programs: the interpreter runs programs one at a time,
     and the default (one unit per program) made each decoder check take
@@ -455,33 +433,20 @@ def fused_attention_decoder_errors(dtype_name: str) -> dict:
 
 
 def split_query_decoder_errors(dtype_name: str) -> dict:
-    """_graph_decoder_errors with the fused attention kernel given its query
-    product from kernels.query_product, in a batch of 3 (split_query)."""
+    """_graph_decoder_errors with the few-row path's split attention (the
+    fused attention kernel given its query product from
+    kernels.query_product) put in every graph: the batch of 3 too."""
     return _fused_attention_decoder_errors(dtype_name, split_query=True)
-
-
-def tiled_rnn_decoder_errors(dtype_name: str) -> dict:
-    """_graph_decoder_errors with both LSTM cells as kernels.lstm_cell_tiles
-    in the batch of 3 (tiled_rnn: graphs above fused_rnn_max_batch)."""
-    assert dtype_name == "float32"
-
-    def plug(decoder_graph, model, cfg):
-        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, tiled_rnn=True)
-        assert graphed.tiled_cells is None          # not on CUDA
-        graphed.tiled_cells = (decoder_graph._FusedLSTMCell(model.decoder.attention_rnn, tiled=True),
-                               decoder_graph._FusedLSTMCell(model.decoder.decoder_rnn, tiled=True))
-        return graphed
-    return _graph_decoder_errors(plug)
 
 
 def _fused_attention_decoder_errors(dtype_name: str, split_query: bool) -> dict:
     assert dtype_name == "float32"
 
     def plug(decoder_graph, model, cfg):
-        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True,
-                                               split_query=split_query)
+        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True)
         assert graphed.attention is None           # not on CUDA: the module path
-        graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer, split_query)
+        graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer,
+                                                          split_query=split_query)
         return graphed
     return _graph_decoder_errors(plug)
 
@@ -666,10 +631,8 @@ def test_fused_attention_step_equals_the_attention_module_under_the_interpreter(
 
 
 @pytest.mark.parametrize("check", ["fused_attention_decoder_errors", "split_query_decoder_errors",
-                                   "fused_rnn_decoder_errors", "tiled_rnn_decoder_errors",
-                                   "fused_step_decoder_errors"],
-                         ids=["fused-attention", "split-query", "fused-lstm-cells", "tiled-lstm-cells",
-                              "every-fusion"])
+                                   "fused_rnn_decoder_errors", "fused_step_decoder_errors"],
+                         ids=["fused-attention", "split-query", "fused-lstm-cells", "every-fusion"])
 def test_graph_decoder_with_fused_parts_equals_the_eager_one_under_the_interpreter(check):
     """The graph decoder's loop with the fused attention, the fused LSTM
     cells, or every fusion: the eager decoder's stops, mel within 1e-4."""
@@ -701,14 +664,6 @@ def test_fused_lstm_cell_equals_nn_lstmcell_under_the_interpreter(dtype, tol):
     assert errors["h"] < tol and errors["c"] < tol
     # each row on its own, in a fixed order: bitwise batched == alone
     assert errors["batched_vs_alone"] == 0.0
-
-
-@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 5e-3)])
-def test_tiled_lstm_cell_equals_nn_lstmcell_under_the_interpreter(dtype, tol):
-    pytest.importorskip("triton")
-    errors = interpreted("lstm_tiles_errors", dtype)
-    # float16: one rounding of outputs (|h'| < 1, |c'| up to ~8: half an ulp, 4e-3)
-    assert errors["h"] < tol and errors["c"] < tol
 
 
 def test_the_fused_lstm_cells_and_output_run_only_in_graphs_of_one_row_by_default():

@@ -467,18 +467,10 @@ def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
 # each changing them: name -> (label, flags). "fused_step" turns every one on
 # (the stacked projection and gate product at large batches is the one left
 # off); "rnn_off" is the step before the few-row kernels (the fused LSTM
-# cells, the output kernel and the split query product at batch 1);
-# "split_query" splits the query product off in graphs of every size (run W:
-# at batch 128 the attention kernel, each row's program reading all of W_q,
-# took 21.1 of a step's 87.7 us); "tiled_rnn" runs the LSTM cells there as
-# one tiled product each, the cell update in its epilogue (the four cuBLAS
-# products, the two pointwise updates and two of the three concatenations
-# took about 32 us).
+# cells, the output kernel and the split query product at batch 1).
 DECODER_CANDIDATES = {
     "fused_step": ("every fusion", {"fused_output": True, "fused_prenet": True, "fused_rnn": True}),
     "rnn_off": ("without the few-row kernels (before)", {"fused_rnn": False}),
-    "split_query": ("+ the query product split off at every batch", {"split_query": True}),
-    "tiled_rnn": ("+ the LSTM cells as tiled products at large batches", {"tiled_rnn": True}),
 }
 
 
@@ -516,16 +508,6 @@ def _decoder_candidate(engine: Engine, running_ms_batch1: float, batch: int, nam
     return {f"decoder_ms_per_step_batch1_{name}": ms_1,
             f"decoder_{name}_speedup_batch1": running_ms_batch1 / ms_1,
             f"decoder_frames_per_second_bench_batch_{name}": batch / ms_b * 1e3}
-
-
-def _decoder_with(*candidates: str):
-    """Variant: the decoder with these DECODER_CANDIDATES' flags too."""
-    def changes(engine: Engine) -> dict | None:
-        if engine.graphed is None or not kernels.available():
-            return None
-        flags = {flag: on for name in candidates for flag, on in DECODER_CANDIDATES[name][1].items()}
-        return {"graphed": _candidate_decoder(engine, flags)}
-    return changes
 
 
 def _denoiser_fft_rows(rows: int):
@@ -567,8 +549,6 @@ END_TO_END_VARIANTS = {
     "again": ("the running path again (a second run)", lambda e: {}),
     "no_overlap": ("each batch handed on before the next is queued (before)",
                    lambda e: {"overlap_batches": False}),
-    "large_batch_decoder": ("the decoder's large-batch candidates (split query, tiled LSTM cells)",
-                            _decoder_with("split_query", "tiled_rnn")),
     "denoiser_per_item": ("denoiser item by item (before)", lambda e: {"denoise_in_batches": False}),
     "no_denoiser": ("without the denoiser (diagnostic: other audio)", lambda e: {"denoiser": None}),
     "denoiser_fft_rows_4096": ("denoiser FFTs 4,096 frames at a time (before)", _denoiser_fft_rows(4096)),

@@ -30,11 +30,7 @@ and the projection and gate layer as one launch, ``kernels.output_step``,
 which writes the frame and the gate logit straight into the graph's buffers;
 with ``fused_attention`` too, the attention's query product runs as a launch
 of its own over many programs (``kernels.query_product``) instead of inside
-the attention kernel's one program per row (``split_query=True`` does that
-in graphs of every size: a candidate for large batches). ``tiled_rnn=True``
-(a candidate too) runs the two cells in the other graphs as tiled products
-with the cell update in their epilogue (``kernels.lstm_cell_tiles``): one
-launch per cell that reads the weights once per 64 rows.
+the attention kernel's one program per row.
 Each row's programs read all of the weights, so these kernels only run in
 graphs of at most ``fused_rnn_max_batch`` rows (default 1); larger batches
 keep cuBLAS's products, which read the weights once for all rows (on an H200
@@ -154,20 +150,19 @@ class _FusedOutput:
 
 class _FusedLSTMCell:
     """An nn.LSTMCell on cat((a, b), 1) (``Decoder.step``'s ``attention_rnn``
-    or ``decoder_rnn`` hook) as one launch of ``kernels.lstm_cell`` (or, with
-    ``tiled``, of ``kernels.lstm_cell_tiles``, for large batches): its
+    or ``decoder_rnn`` hook) as one launch of ``kernels.lstm_cell``: its
     weights stored once, here, as one (4H, I + H) matrix [W_ih | W_hh] (a
     copy, in the cell's dtype) and b_ih + b_hh added once in float32 and kept
     in float32."""
 
-    def __init__(self, cell: nn.LSTMCell, tiled: bool = False):
+    def __init__(self, cell: nn.LSTMCell):
         self.weight, self.bias = kernels.fuse_lstm_weights(cell.weight_ih, cell.weight_hh,
                                                            cell.bias_ih, cell.bias_hh)
-        self.kernel = kernels.lstm_cell_tiles if tiled else kernels.lstm_cell
 
     def __call__(self, a: Tensor, b: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         h, c = state
-        return self.kernel(a, b, h, c, self.weight, self.bias, torch.empty_like(h), torch.empty_like(c))
+        return kernels.lstm_cell(a, b, h, c, self.weight, self.bias, torch.empty_like(h),
+                                 torch.empty_like(c))
 
 
 @dataclass
@@ -198,8 +193,7 @@ class GraphedDecoder:
     def __init__(self, model: Tacotron2, cfg: DecodeSettings, steps_per_graph: int = 16,
                  memory_bucket: int = 32, fused_attention: bool = False,
                  fused_prenet: bool = False, fused_output: bool = False,
-                 fused_rnn: bool = False, fused_rnn_max_batch: int = 1, split_query: bool = False,
-                 tiled_rnn: bool = False):
+                 fused_rnn: bool = False, fused_rnn_max_batch: int = 1):
         self.model, self.cfg = model, cfg
         self.k, self.memory_bucket = steps_per_graph, memory_bucket
         self.fused_rnn_max_batch = fused_rnn_max_batch
@@ -218,7 +212,7 @@ class GraphedDecoder:
         # The fused attention kernel, where it can run (CUDA with Triton);
         # None: the attention module's own kernels.
         triton_ok = self.on_cuda and kernels.available()
-        self.attention = (_FusedAttention(model.decoder.attention_layer, split_query=split_query)
+        self.attention = (_FusedAttention(model.decoder.attention_layer)
                           if fused_attention and triton_ok else None)
         # The fused prenet kernel (two layers exactly, as published), where it
         # can run; None: the prenet module.
@@ -231,21 +225,13 @@ class GraphedDecoder:
         # the fusions above) at every batch size.
         self.few_rows = (FewRowKernels.for_decoder(model.decoder, split_attention=self.attention is not None)
                          if fused_rnn and triton_ok else None)
-        # A candidate: in the other graphs, the two LSTM cells as tiled
-        # products with the cell update in their epilogue; None: cuBLAS's
-        # products and the cell's own pointwise kernel.
-        self.tiled_cells = ((_FusedLSTMCell(model.decoder.attention_rnn, tiled=True),
-                             _FusedLSTMCell(model.decoder.decoder_rnn, tiled=True))
-                            if tiled_rnn and triton_ok else None)
 
     @property
     def fusions(self) -> set[str]:
         """The fusions this decoder runs, by their constructor flags (one
         asked for where it cannot run is not among them)."""
         hooks = {"fused_attention": self.attention, "fused_prenet": self.prenet,
-                 "fused_output": self.output, "fused_rnn": self.few_rows,
-                 "split_query": self.attention if self.attention and self.attention.split_query else None,
-                 "tiled_rnn": self.tiled_cells}
+                 "fused_output": self.output, "fused_rnn": self.few_rows}
         return {flag for flag, hook in hooks.items() if hook is not None}
 
     @torch.inference_mode()
@@ -363,10 +349,6 @@ class GraphedDecoder:
         state = g.state
         rows = self.few_rows if g.seeds.shape[0] <= self.fused_rnn_max_batch else None
         attention = rows.attention if rows is not None and rows.attention is not None else self.attention
-        if rows is not None:
-            attention_rnn, decoder_rnn = rows.attention_rnn, rows.decoder_rnn
-        else:
-            attention_rnn, decoder_rnn = self.tiled_cells or (None, None)
         if self.prenet is not None:   # the fused prenet draws each step's masks itself
             masks = ([kernels.StepDropout(g.seeds, g.step, j, cfg.prenet_dropout) for j in range(self.k)]
                      if cfg.prenet_dropout > 0 else None)
@@ -379,7 +361,8 @@ class GraphedDecoder:
             state, gate = self.model.decoder.step(
                 state, g.memory, g.processed, g.invalid, masks[j] if masks is not None else None,
                 attention=attention, prenet=self.prenet, output=output,
-                attention_rnn=attention_rnn, decoder_rnn=decoder_rnn)
+                attention_rnn=rows.attention_rnn if rows is not None else None,
+                decoder_rnn=rows.decoder_rnn if rows is not None else None)
             if rows is None:
                 g.frames[j].copy_(state.frame)
                 g.gates[j].copy_(gate)

@@ -1314,8 +1314,7 @@ def fuse_lstm_weights(weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor | No
 
 def _lstm_cell_shapes(a: Tensor, b: Tensor, h: Tensor, c: Tensor, weight: Tensor, bias: Tensor,
                       h_out: Tensor, c_out: Tensor) -> tuple[int, int, int, int]:
-    """Checks the arguments of ``lstm_cell`` and ``lstm_cell_tiles`` (one
-    contract); returns (B, I_a, I_b, H)."""
+    """Checks the arguments of ``lstm_cell``; returns (B, I_a, I_b, H)."""
     rows, in_a = a.shape
     in_b, hidden = b.shape[1], h.shape[1]
     assert b.shape[0] == h.shape[0] == c.shape[0] == rows and c.shape[1] == hidden
@@ -1433,101 +1432,3 @@ def output_step(decoder_hidden: Tensor, context: Tensor, weight: Tensor, bias: T
         BLOCK_O=block_o, BLOCK_K=min(_OUTPUT_BLOCK_K, _pow2(max(d, e))), num_warps=_OUTPUT_WARPS)
     return frame_out, gate_out
 
-
-# ---------------------------------------------------------------------------
-# Tacotron2's LSTM cells at large batches in one launch each (a candidate,
-# GraphedDecoder(..., tiled_rnn=True)): the gates as matrix products over a
-# tile of rows, the cell update in the epilogue. Where lstm_cell's programs
-# each read all of the weights for one row, these read them once per tile
-# of BLOCK_M rows, as cuBLAS does, and leave no concatenation, no second
-# product and no pointwise pass.
-
-if triton is not None:
-    @triton.jit
-    def _gate_tiles_times_segment(w_ptr, x_ptr, x_stride, rows, in_rows, col0, units,
-                                  acc_i, acc_f, acc_g, acc_o, N: tl.constexpr, H: tl.constexpr,
-                                  K: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
-        """Adds x[rows, 0:N] @ W[g*H + units, col0:col0 + N]^T for the four
-        gates g to their float32 accumulators (BLOCK_M, BLOCK_U), over K
-        blocks in a fixed order."""
-        for k0 in range(0, N, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            in_k = k < N
-            x = tl.load(x_ptr + rows[:, None] * x_stride + k[None, :], mask=in_rows[:, None] & in_k[None, :],
-                        other=0.0)
-            tile = w_ptr + units[None, :] * K + (col0 + k)[:, None]          # (BLOCK_K, BLOCK_U)
-            acc_i = tl.dot(x, tl.load(tile, mask=in_k[:, None], other=0.0), acc_i,
-                           input_precision=DOT_PRECISION)
-            acc_f = tl.dot(x, tl.load(tile + H * K, mask=in_k[:, None], other=0.0), acc_f,
-                           input_precision=DOT_PRECISION)
-            acc_g = tl.dot(x, tl.load(tile + 2 * H * K, mask=in_k[:, None], other=0.0), acc_g,
-                           input_precision=DOT_PRECISION)
-            acc_o = tl.dot(x, tl.load(tile + 3 * H * K, mask=in_k[:, None], other=0.0), acc_o,
-                           input_precision=DOT_PRECISION)
-        return acc_i, acc_f, acc_g, acc_o
-
-    @triton.jit
-    def _lstm_cell_tiles_kernel(a_ptr, b_ptr, h_ptr, c_ptr, w_ptr, bias_ptr, h_out_ptr, c_out_ptr, n_rows,
-                                a_stride, b_stride, h_stride, c_stride,
-                                IN_A: tl.constexpr, IN_B: tl.constexpr, H: tl.constexpr,
-                                BLOCK_M: tl.constexpr, BLOCK_U: tl.constexpr, BLOCK_K: tl.constexpr,
-                                DOT_PRECISION: tl.constexpr):
-        # Program (row tile, unit tile): the four gates of units
-        # u*BLOCK_U .. u*BLOCK_U + BLOCK_U - 1 for rows m*BLOCK_M ..
-        # m*BLOCK_M + BLOCK_M - 1, over a, then b, then h (W's columns), then
-        # the cell update on the tile.
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        in_rows = rows < n_rows
-        rows64 = rows.to(tl.int64)
-        units = tl.program_id(1) * BLOCK_U + tl.arange(0, BLOCK_U)   # H is a multiple of BLOCK_U
-        K: tl.constexpr = IN_A + IN_B + H
-        acc_i = tl.zeros((BLOCK_M, BLOCK_U), dtype=tl.float32)
-        acc_f = tl.zeros((BLOCK_M, BLOCK_U), dtype=tl.float32)
-        acc_g = tl.zeros((BLOCK_M, BLOCK_U), dtype=tl.float32)
-        acc_o = tl.zeros((BLOCK_M, BLOCK_U), dtype=tl.float32)
-        acc_i, acc_f, acc_g, acc_o = _gate_tiles_times_segment(
-            w_ptr, a_ptr, a_stride, rows64, in_rows, 0, units, acc_i, acc_f, acc_g, acc_o,
-            IN_A, H, K, BLOCK_K, DOT_PRECISION)
-        acc_i, acc_f, acc_g, acc_o = _gate_tiles_times_segment(
-            w_ptr, b_ptr, b_stride, rows64, in_rows, IN_A, units, acc_i, acc_f, acc_g, acc_o,
-            IN_B, H, K, BLOCK_K, DOT_PRECISION)
-        acc_i, acc_f, acc_g, acc_o = _gate_tiles_times_segment(
-            w_ptr, h_ptr, h_stride, rows64, in_rows, IN_A + IN_B, units, acc_i, acc_f, acc_g, acc_o,
-            H, H, K, BLOCK_K, DOT_PRECISION)
-
-        # The folded bias (float32), then the cell update, all in float32,
-        # as lstm_cell's.
-        i = tl.sigmoid(acc_i + tl.load(bias_ptr + units)[None, :])
-        f = tl.sigmoid(acc_f + tl.load(bias_ptr + H + units)[None, :])
-        g = 2.0 * tl.sigmoid(2.0 * (acc_g + tl.load(bias_ptr + 2 * H + units)[None, :])) - 1.0
-        o = tl.sigmoid(acc_o + tl.load(bias_ptr + 3 * H + units)[None, :])
-        c = tl.load(c_ptr + rows64[:, None] * c_stride + units[None, :], mask=in_rows[:, None],
-                    other=0.0).to(tl.float32)
-        c_new = f * c + i * g
-        h_new = o * (2.0 * tl.sigmoid(2.0 * c_new) - 1.0)
-        out = rows64[:, None] * H + units[None, :]
-        tl.store(c_out_ptr + out, c_new.to(c_out_ptr.dtype.element_ty), mask=in_rows[:, None])
-        tl.store(h_out_ptr + out, h_new.to(h_out_ptr.dtype.element_ty), mask=in_rows[:, None])
-
-
-# Launch shape of lstm_cell_tiles: 64 rows by 16 units, so at batch 128 and
-# H = 1024 a cell runs as 2 x 64 programs that each read their 64 rows of W
-# (4 gates x 16 units) once for 64 batch rows. Not yet measured on a GPU.
-_LSTM_TILES_WARPS, _LSTM_TILES_BLOCK_M, _LSTM_TILES_BLOCK_U, _LSTM_TILES_BLOCK_K = 4, 64, 16, 64
-
-
-def lstm_cell_tiles(a: Tensor, b: Tensor, h: Tensor, c: Tensor, weight: Tensor, bias: Tensor,
-                    h_out: Tensor, c_out: Tensor) -> tuple[Tensor, Tensor]:
-    """``lstm_cell``'s contract, computed over tiles of rows with matrix
-    products: for large batches, where lstm_cell's programs would each read
-    all of the weights for every row. H must be a multiple of the unit tile
-    (16). Each row's result does not depend on the others' values, but its
-    sums run in the tile's order, not lstm_cell's."""
-    rows, in_a, in_b, hidden = _lstm_cell_shapes(a, b, h, c, weight, bias, h_out, c_out)
-    assert hidden % _LSTM_TILES_BLOCK_U == 0
-    block_m = _LSTM_TILES_BLOCK_M
-    _lstm_cell_tiles_kernel[(triton.cdiv(rows, block_m), hidden // _LSTM_TILES_BLOCK_U)](
-        a, b, h, c, weight, bias, h_out, c_out, rows, a.stride(0), b.stride(0), h.stride(0), c.stride(0),
-        IN_A=in_a, IN_B=in_b, H=hidden, BLOCK_M=block_m, BLOCK_U=_LSTM_TILES_BLOCK_U,
-        BLOCK_K=_LSTM_TILES_BLOCK_K, DOT_PRECISION=_dot_precision(a.dtype), num_warps=_LSTM_TILES_WARPS)
-    return h_out, c_out
