@@ -21,6 +21,10 @@ And two matrix products with that work fused into them (``FastWaveGlow`` with
   ``kernels_mode="matmul_paired"``; ``persistent``: the same from one or two
   programs per SM, ``kernels_mode="matmul_persistent"``); the gate's
   arithmetic is one of ``GATE_FORMS``;
+* ``taps_cond_gate``: the paired product with each layer's conditioning
+  inside it (its 4-frame mel window times the row block's phase weights, as
+  more K rows), over phase-major rows (``PhaseRows``;
+  ``kernels_mode="matmul_fused_cond"``, the default);
 * ``residual_update``: x += acts @ W_res + b_res, the add in the epilogue.
 
 And one for Tacotron2's decoder (``GraphedDecoder(..., fused_attention=True)``):
