@@ -219,10 +219,10 @@ class FastWaveGlow:
         return {"phase_cond": [kernels.pair_phase_conditioning(w.cond, i, phases, layers) for i in range(layers)],
                 "phase_cond_bias": [w.cond_bias[c2 * i: c2 * (i + 1)].contiguous() for i in range(layers)]}
 
-    def phase_rows(self, mel: Tensor) -> kernels.PhaseRows:
-        """The phase-major layout of a (B, n_mel, F) batch's group steps."""
+    def phase_rows(self, items: int, frames: int) -> kernels.PhaseRows:
+        """The phase-major layout of the group steps of ``items`` items of ``frames`` mel frames."""
         d = self.dims
-        return kernels.PhaseRows(items=mel.shape[0], frames=mel.shape[2], phases=d.hop_length // d.n_group)
+        return kernels.PhaseRows(items=items, frames=frames, phases=d.hop_length // d.n_group)
 
     def frame_windows(self, mel: Tensor) -> Tensor:
         """(B, n_mel, F) -> (B*F, J*n_mel): frames q-J+1..q for each q, zeros before 0."""
@@ -236,9 +236,7 @@ class FastWaveGlow:
         """WN(a0, mel): (B, T, n_half) -> (B, T, 2*n_half) in the model dtype."""
         fused = self._fused_coupling(a0)
         if fused is not None and self.kernels_mode == "matmul_fused_cond":   # via the phase-major rows
-            d = self.dims
-            rows = kernels.PhaseRows(a0.shape[0], a0.shape[1] * d.n_group // d.hop_length,
-                                     d.hop_length // d.n_group)
+            rows = self.phase_rows(a0.shape[0], a0.shape[1] * self.dims.n_group // self.dims.hop_length)
             if w.phase_cond is None:   # a caller's flow from before the mode was set
                 w = replace(w, **self._phase_conditioning(w, True))
             out = fused(w, rows.gather(a0), windows, rows.gather(keep).view(-1), rows)
@@ -355,7 +353,7 @@ class FastWaveGlow:
         if fused is not None and self.kernels_mode == "matmul_fused_cond":
             # phase-major rows from the first flow to the last (_coupling_fused_cond)
             self._keep_phase_conditioning(True)   # built already where the kernel runs on a GPU
-            rows = self.phase_rows(mel)
+            rows = self.phase_rows(mel.shape[0], mel.shape[2])
             keep_rows = rows.gather(keep.to(self.dtype)).view(-1)
             audio = self._flows_inverse(lambda w, a0: fused(w, a0, windows, keep_rows, rows),
                                         lambda stream, n: rows.gather(noise(stream, n)), 1)
