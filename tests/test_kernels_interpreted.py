@@ -83,29 +83,37 @@ def kernel_errors(dtype_name: str) -> dict:
     return errors
 
 
-def coupling_errors(dtype_name: str) -> dict:
-    """Relative errors (C=32, L=3, 4 flows; items of 4, 7 and 2 frames, so
-    T = 224 steps) of each flow's coupling output, the matmul-fused form
-    against the plain torch one in the same dtype, and of whole WaveGlow
-    inverses: the matmul-fused against the plain one, and each against the
-    float32 model."""
+def _coupling_test_model(seed: int):
+    """A small random WaveGlow (C = 32, 3 layers, rotations for the 1x1
+    convolutions), float32, eval mode, drawn after torch.manual_seed(seed)."""
     import dataclasses
     import torch
-    from tts_cli import kernels
     from tts_cli.waveglow import WaveGlow
-    from tts_cli.waveglow_fast import FastWaveGlow
-    from tiny_models import N_MEL, WAVEGLOW_DIMS
-    dtype = getattr(torch, dtype_name)
-    rel = lambda a, b: ((a - b).norm() / b.norm()).item()
-    kernels._FIXED_CONFIG = CONFIGS[1]
-    torch.manual_seed(3)
+    from tiny_models import WAVEGLOW_DIMS
+    torch.manual_seed(seed)
     model = WaveGlow(dataclasses.replace(WAVEGLOW_DIMS, wn_layers=3, wn_channels=32))
     for p in model.parameters():
         p.data.normal_(0.0, 0.05)
     for conv in model.convinv:
         q, _ = torch.linalg.qr(torch.randn(conv.conv.weight.shape[0], conv.conv.weight.shape[0]))
         conv.conv.weight.data = q[:, :, None]
-    model.eval()
+    return model.eval()
+
+
+def coupling_errors(dtype_name: str) -> dict:
+    """Relative errors (C=32, L=3, 4 flows; items of 4, 7 and 2 frames, so
+    T = 224 steps) of each flow's coupling output, the matmul-fused form
+    against the plain torch one in the same dtype, and of whole WaveGlow
+    inverses: the matmul-fused against the plain one, and each against the
+    float32 model."""
+    import torch
+    from tts_cli import kernels
+    from tts_cli.waveglow_fast import FastWaveGlow
+    from tiny_models import N_MEL
+    dtype = getattr(torch, dtype_name)
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()
+    kernels._FIXED_CONFIG = CONFIGS[1]
+    model = _coupling_test_model(seed=3)
     frames = torch.tensor([4, 7, 2])
     mel = torch.randn(3, N_MEL, 7) * (torch.arange(7)[None, None, :] < frames[:, None, None])
     seeds = torch.tensor([5, 6, 7])
@@ -151,23 +159,14 @@ def fused_cond_errors(dtype_name: str) -> dict:
     model: the whole inverse, every flow's coupling, and each item alone
     against the batch (3 items, 8 frames, C = 32, 3 layers, dilations to 4,
     so taps cross frames and phases and reach past items' lengths)."""
-    import dataclasses
     import torch
     from tts_cli import kernels
-    from tts_cli.waveglow import WaveGlow
     from tts_cli.waveglow_fast import FastWaveGlow
-    from tiny_models import N_MEL, WAVEGLOW_DIMS
+    from tiny_models import N_MEL
     dtype = getattr(torch, dtype_name)
     rel = lambda a, b: ((a - b).norm() / b.norm()).item()
     kernels._FIXED_CONFIG = CONFIGS[1]
-    torch.manual_seed(4)
-    model = WaveGlow(dataclasses.replace(WAVEGLOW_DIMS, wn_layers=3, wn_channels=32))
-    for p in model.parameters():
-        p.data.normal_(0.0, 0.05)
-    for conv in model.convinv:
-        q, _ = torch.linalg.qr(torch.randn(conv.conv.weight.shape[0], conv.conv.weight.shape[0]))
-        conv.conv.weight.data = q[:, :, None]
-    model.eval()
+    model = _coupling_test_model(seed=4)
     frames = torch.tensor([5, 8, 2])
     mel = torch.randn(3, N_MEL, 8) * (torch.arange(8)[None, None, :] < frames[:, None, None])
     seeds = torch.tensor([5, 6, 7])

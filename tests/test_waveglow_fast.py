@@ -60,8 +60,8 @@ def test_on_a_gpu_kind_already_measured_only_its_best_config_is_compiled(monkeyp
         candidates = {"taps_gate_paired": kernels._TAPS_GATE_PAIRED_CONFIGS,
                       "taps_cond_gate": kernels._TAPS_GATE_PAIRED_CONFIGS,
                       "residual_update": kernels._RESIDUAL_CONFIGS}[kernel]
-        prune = (kernels._phase_blocks_or_measured if kernel == "taps_cond_gate"
-                 else kernels._fitting_or_measured(kernel))
+        prune = kernels._fitting_or_measured(
+            kernel, kernels._fitting_phase_blocks if kernel == "taps_cond_gate" else kernels._fitting)
         monkeypatch.setattr(kernels, "_capability", lambda tensor: capability)
         chosen = prune(candidates, args, C=c)
         assert len(chosen) == 1 and kernels._same_config(chosen[0], best)

@@ -355,12 +355,13 @@ if triton is not None:
                if c % k.kwargs["BLOCK_N"] == 0 and c % k.kwargs["BLOCK_K"] == 0]
         return fit or [_FLOAT32_CONFIG]
 
-    def _fitting_or_measured(kernel: str):
-        """``_fitting``, narrowed to the config the autotuner chose on the
-        bench's GPU where this GPU kind and C were measured (MEASURED_BEST):
-        compiling the others is most of a first run's start-up."""
+    def _fitting_or_measured(kernel: str, fitting=_fitting):
+        """``fitting`` (``_fitting`` by default), narrowed to the config the
+        autotuner chose on the bench's GPU where this GPU kind and C were
+        measured (MEASURED_BEST): compiling the others is most of a first
+        run's start-up."""
         def prune(configs, named_args, **kwargs):
-            fit = _fitting(configs, named_args, **kwargs)
+            fit = fitting(configs, named_args, **kwargs)
             args = {**named_args, **kwargs}
             best = MEASURED_BEST.get((kernel, _capability(args.get("x_ptr")), args.get("C")))
             chosen = [k for k in fit if best is not None and _same_config(k, best)]
@@ -807,14 +808,11 @@ if triton is not None:
         fit = [k for k in _fitting(configs, named_args, **kwargs) if win % k.kwargs["BLOCK_K"] == 0]
         return fit or [_FLOAT32_CONFIG]
 
-    def _phase_blocks_or_measured(configs, named_args, **kwargs):
-        fit = _fitting_phase_blocks(configs, named_args, **kwargs)
-        return _fitting_or_measured("taps_cond_gate")(fit, named_args, **kwargs)
-
     # The paired kernel's candidates, BLOCK_M <= PHASE_ROWS_MULTIPLE.
     _taps_cond_gate_tuned = triton.autotune(
         _TAPS_GATE_PAIRED_CONFIGS, key=["C", "WIN"],
-        prune_configs_by={"early_config_prune": _phase_blocks_or_measured})(_taps_cond_gate_kernel)
+        prune_configs_by={"early_config_prune": _fitting_or_measured("taps_cond_gate", _fitting_phase_blocks)}
+    )(_taps_cond_gate_kernel)
 
 
 @dataclass(frozen=True)
