@@ -361,6 +361,89 @@ def test_forward_flow_is_inverted_by_tts_cli_inference(monkeypatch):
     torch.testing.assert_close(back, audio, atol=1e-4, rtol=1e-4)
 
 
+def test_the_spectral_objectives_inverse_pass_is_what_tts_cli_synthesizes(monkeypatch):
+    # The spectral objective trains the inverse pass; with the same noise, and
+    # W written back from the trained inverses, tts_cli's WaveGlow.infer must
+    # make the same audio, or the voice is trained for a computation it never runs.
+    torch.manual_seed(2)
+    model = _tiny_waveglow()
+    inverse = train_waveglow.InverseWeights(model)
+    with torch.no_grad():   # trained inverses that are no longer rotations
+        for v in inverse.v:
+            v.add_(0.1 * torch.randn_like(v))
+    inverse.write_back(model)
+    frames, early = 6, model.dims.n_early_size
+    mel_in = torch.randn(1, 80, frames)
+    noise = 0.666 * torch.randn(1, model.dims.n_group, frames * 256 // model.dims.n_group)
+    with torch.no_grad():
+        ours = train_waveglow.flow_inverse(model, inverse.weights(), mel_in, noise, "fp32")
+    n_final = model.dims.n_group - early
+    pieces = iter([noise[:, :n_final] / 0.666, noise[:, n_final:] / 0.666])
+    monkeypatch.setattr(waveglow_module.randomness, "normal", lambda *a, **k: next(pieces))
+    with torch.no_grad():
+        theirs = model.infer(mel_in, torch.tensor([frames]), torch.tensor([0]), sigma=0.666)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_spectral_loss_is_zero_for_the_target_and_grows_with_the_difference():
+    torch.manual_seed(3)
+    t = torch.arange(8192) / SR
+    target = (0.3 * torch.sin(2 * math.pi * 220 * t))[None].repeat(2, 1)
+    windows = train_waveglow.spectral_windows("cpu")
+    loss = lambda audio: float(train_waveglow.spectral_loss(audio, target, windows))  # noqa: E731
+    assert loss(target) == pytest.approx(0.0, abs=1e-6)
+    near = loss(target + 0.01 * torch.randn_like(target))
+    far = loss(target + 0.1 * torch.randn_like(target))
+    assert 0 < near < far
+    # magnitudes only: the same tone half a period later is (almost) as good
+    # as the target; the same tone at half the level is not
+    shifted = (0.3 * torch.sin(2 * math.pi * 220 * t + math.pi))[None].repeat(2, 1)
+    assert loss(shifted) < 0.1 * loss(0.5 * target)
+
+
+def test_spectral_training_brings_copy_synthesis_closer_to_the_held_out_audio(tone_data, tmp_path):
+    out = tmp_path / "wg"
+    assert _train_wg(tone_data, out, 40, "--save-every-minutes", "0.001", "--lr", "3e-3") == 0
+    checks = [r["heldout_mel_l1"] for r in _log(out) if "heldout_mel_l1" in r]
+    losses = [r["loss"] for r in _log(out) if "loss" in r]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    assert checks[-1] < 0.8 * checks[0]
+
+
+def test_a_waveglow_run_starts_from_an_export_with_its_weights_and_step(tone_data, tmp_path):
+    first = tmp_path / "first"
+    assert _train_wg(tone_data, first, 3) == 0
+    state, step, config = train_waveglow.weights_from_export(first / "demo_waveglow.pt")
+    trained = torch.load(first / "checkpoint.pt", weights_only=False)["model"]
+    assert step == 3 and config["demo_voice_objective"] == "spectral"
+    assert state.keys() == trained.keys()
+    for key, value in trained.items():
+        torch.testing.assert_close(state[key], value, atol=2e-3, rtol=2e-3)
+    again = tmp_path / "again"
+    assert _train_wg(tone_data, again, 4, "--init-from", str(first / "demo_waveglow.pt")) == 0
+    log = _log(again)
+    assert log[0]["event"] == "started from export" and log[0]["step"] == 3
+    assert [r["step"] for r in log if "loss" in r] == [4]
+
+
+def test_a_tacotron2_run_starts_from_an_export_with_its_weights_and_step(tone_data, tmp_path):
+    first = tmp_path / "first"
+    _train_t2(tone_data, first, 2)
+    state, step = train_tacotron2.weights_from_export(first / "demo_tacotron2.pt")
+    trained = torch.load(first / "checkpoint.pt", weights_only=False)["model"]
+    assert step == 2 and state.keys() == trained.keys()
+    for key, value in trained.items():
+        torch.testing.assert_close(state[key], value.float() if value.is_floating_point() else value,
+                                   atol=2e-3, rtol=2e-3)
+    again = tmp_path / "again"
+    assert train_tacotron2.main(["--data", str(tone_data), "--out", str(again), "--max-steps", "3",
+                                 "--batch-size", "2", "--log-every", "1", "--dims", TINY_T2,
+                                 "--device", "cpu", "--init-from", str(first / "demo_tacotron2.pt")]) == 0
+    log = _log(again)
+    assert log[0]["event"] == "started from export" and log[0]["step"] == 2
+    assert [r["step"] for r in log if "total" in r] == [3]
+
+
 def test_log_determinant_without_cusolver_equals_torch_logdet_in_value_and_gradient():
     # The captured WaveGlow step cannot hold a cuSOLVER factorisation; its
     # Cholesky-based log|det| must be the reference's torch.logdet.
@@ -393,12 +476,13 @@ def _train_wg(data, out, steps, *more):
                                 "--dims", TINY_WG, "--device", "cpu", *more])
 
 
-def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_path):
+@pytest.mark.parametrize("objective", ["spectral", "mle"])
+def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_path, objective):
     out = tmp_path / "wg"
-    _train_wg(tone_data, out, 2)
-    _train_wg(tone_data, out, 3)
+    _train_wg(tone_data, out, 2, "--objective", objective)
+    _train_wg(tone_data, out, 3, "--objective", objective)
     log = _log(out)
-    assert {"event": "resumed", "step": 2} in log
+    assert {"event": "resumed", "step": 2, "objective": objective, "optimizer": "restored"} in log
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in log if "loss" in r)
     # Each run ends with a copy-synthesis check of a held-out clip.
@@ -439,44 +523,16 @@ def test_dithered_training_audio_is_the_clean_audio_within_the_noise_and_keeps_t
     assert torch.equal(noisy_mel, clean_mel)
 
 
-def test_an_undithered_waveglow_resumed_with_dither_restarts_its_first_coupling_once(tone_data, tmp_path):
-    out = tmp_path / "wg"
-    assert _train_wg(tone_data, out, 2, "--dither", "0") == 0
-    before = torch.load(out / "checkpoint.pt", weights_only=False)
-    assert before["dither"] == 0.0
-    assert _train_wg(tone_data, out, 2) == 0                 # trains nothing (exports): no reset
-    assert torch.load(out / "checkpoint.pt", weights_only=False)["dither"] == 0.0
-    assert _train_wg(tone_data, out, 3) == 0                 # default dither: 1 int16 step
-    assert _train_wg(tone_data, out, 4) == 0
-    resets = [r for r in _log(out) if r.get("event") == "first coupling reset for dithered audio"]
-    assert [r["step"] for r in resets] == [2]               # once, when the dither began
-    after = torch.load(out / "checkpoint.pt", weights_only=False)
-    assert after["dither"] == 1.0 and after["step"] == 4
-    # what the reset does: the first coupling back to the identity, its
-    # optimizer state forgotten; the other couplings and their state kept
-    model = train_waveglow.build(train_waveglow.DEMO_DIMS.__class__(**before["dims"]), 1)
-    train_waveglow.load_trained(model, before["model"])
-    optimizer = torch.optim.Adam(train_waveglow.trainable(model))
-    optimizer.load_state_dict(before["optimizer"])
-    first, second = model.WN[0].end, model.WN[1].end
-    kept = second.weight.detach().clone()
-    assert float(first.weight.detach().abs().max()) > 0 and first.weight in optimizer.state
-    train_waveglow.reset_first_coupling(model, optimizer)
-    assert float(first.weight.detach().abs().max()) == 0 and float(first.bias.detach().abs().max()) == 0
-    assert first.weight not in optimizer.state and second.weight in optimizer.state
-    assert torch.equal(second.weight.detach(), kept)
-
-
 def test_a_waveglow_step_without_a_finite_gradient_is_skipped_and_training_goes_on(tone_data, tmp_path,
                                                                                     monkeypatch):
     out = tmp_path / "wg"
-    real_loss = train_waveglow.waveglow_loss
+    real_loss = train_waveglow.spectral_loss
     calls = []
 
     def nan_at_step_2(*a, **k):   # the second training step's loss is NaN, the others are not
         calls.append(1)
         return real_loss(*a, **k) * (float("nan") if len(calls) == 2 else 1.0)
-    monkeypatch.setattr(train_waveglow, "waveglow_loss", nan_at_step_2)
+    monkeypatch.setattr(train_waveglow, "spectral_loss", nan_at_step_2)
     assert _train_wg(tone_data, out, 4) == 0
     log = _log(out)
     steps = [r for r in log if "loss" in r]
@@ -491,14 +547,14 @@ def test_a_diverged_waveglow_run_keeps_the_last_good_checkpoint_and_resumes_at_a
     out = tmp_path / "wg"
     assert _train_wg(tone_data, out, 2) == 0
     good = torch.load(out / "checkpoint.pt", weights_only=False)
-    real_loss = train_waveglow.waveglow_loss
-    monkeypatch.setattr(train_waveglow, "waveglow_loss", lambda *a, **k: real_loss(*a, **k) * float("nan"))
+    real_loss = train_waveglow.spectral_loss
+    monkeypatch.setattr(train_waveglow, "spectral_loss", lambda *a, **k: real_loss(*a, **k) * float("nan"))
     assert _train_wg(tone_data, out, 9, "--max-skipped", "3") == 3
     assert "diverged by step 5: its last 3 steps had no finite gradient" in capsys.readouterr().err
     kept = torch.load(out / "checkpoint.pt", weights_only=False)
     assert kept["step"] == 2
     assert all(torch.equal(kept["model"][k], v) for k, v in good["model"].items())
-    monkeypatch.setattr(train_waveglow, "waveglow_loss", real_loss)
+    monkeypatch.setattr(train_waveglow, "spectral_loss", real_loss)
     assert train_waveglow.main(["--data", str(tone_data), "--out", str(out), "--max-steps", "3",
                                 "--batch-size", "2", "--segment", "2048", "--dims", TINY_WG,
                                 "--device", "cpu", "--lr", "1e-5"]) == 0

@@ -260,6 +260,9 @@ def training_arguments(description: str, data_help: str, defaults: dict) -> argp
     p.add_argument("--save-every-minutes", type=float, default=2.0)
     p.add_argument("--no-graphs", dest="graphs", action="store_false",
                    help="on CUDA, run steps eagerly instead of replaying captured graphs")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="with no checkpoint in --out yet: start from this export's weights and step "
+                        "(a committed snapshot, recipes/demo-voice/snapshot/) with a fresh optimizer")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the held-out progress check at each save")
     return p

@@ -5,7 +5,8 @@
 # runs/data is missing or incomplete (make_data.py skips finished WAVs; the
 # mel cache is rebuilt only when missing), then trains Tacotron2 and WaveGlow
 # side by side for MINUTES each (on two GPUs when there are two), resuming
-# from runs/*/checkpoint.pt or, on a fresh machine, from .resume/, and puts
+# from runs/*/checkpoint.pt or, on a fresh machine, from .resume/ (or, with
+# neither, from the snapshot committed in recipes/demo-voice/snapshot/), and puts
 # the logs and packed checkpoints under $OUT (in 15 MB parts: the device
 # returns files of at most 16 MiB). Copy the parts into .resume/ here; the
 # next run carries them.
@@ -56,6 +57,9 @@ train() {
     local model=$1
     export CUDA_VISIBLE_DEVICES=$2
     local args=(--data runs/data --out runs/$model --batch-size "$3")
+    # With no checkpoint (neither runs/ nor .resume/), start from the
+    # committed snapshot (the trainer reads it only then).
+    [ -f $R/snapshot/demo_$model.pt ] && args+=(--init-from $R/snapshot/demo_$model.pt)
     # TACOTRON2_ARGS / WAVEGLOW_ARGS: more options for one trainer (word-split)
     local extra_name="${model^^}_ARGS"
     args+=(${!extra_name:-})

@@ -472,6 +472,15 @@ def export(model: Tacotron2, path: Path, step: int) -> None:
     common.save_checkpoint(path, compressed=True, epoch=step, config=config, state_dict=state)
 
 
+def weights_from_export(path: Path) -> tuple[dict[str, Tensor], int]:
+    """An export back into the model's weights (fp32) and its step: a
+    training run can start from a snapshot that lost its optimizer state."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    state = {k.removeprefix("module."): v.float() if v.is_floating_point() else v
+             for k, v in saved["state_dict"].items()}
+    return state, int(saved["config"].get("demo_voice_step", saved.get("epoch", 0)))
+
+
 # --------------------------------------------------------------------------
 # Training loop
 
@@ -518,6 +527,10 @@ def train(args) -> dict:
         scaler.load_state_dict(saved["scaler"])
         step = saved["step"]
         log.write(event="resumed", step=step)
+    elif args.init_from is not None:
+        state, step = weights_from_export(args.init_from)
+        model.load_state_dict(state)
+        log.write(event="started from export", path=str(args.init_from), step=step, optimizer="fresh")
     else:
         log.write(event="start", parameters=sum(p.numel() for p in model.parameters()),
                   utterances=len(data))

@@ -22,6 +22,17 @@ determinant +1; training reads random segments of the audio (zero-padded when
 shorter) with the mel of each segment; Adam. The 1x1 convolutions and the
 log-determinants run in fp32; WN runs under autocast.
 
+Objective (``--objective``): ``spectral``, the default since the thirteenth
+session, trains the flow the way it is used: the inverse pass turns noise at
+the inference sigma (0.666) and a segment's mel into audio, and the loss is a
+multi-resolution STFT distance (spectral convergence plus log-magnitude L1 at
+three FFT sizes, as Parallel WaveGAN's) to the segment's own audio. espeak-ng
+is one deterministic voice, so the flow has no distribution to learn, only the
+map mel -> audio, and its likelihood rewarded what the ear does not hear (the
+exact zeros of silence, see --dither). ``mle`` is the reference's likelihood
+(``WaveGlowLoss``), which the first twelve sessions trained. The export is a
+WaveGlow either way, read and run by the same code.
+
 Departure, for size: the upsampler (80 x 80 x 1024, 6.6 M weights, 13.1 MB
 even in fp16 -- the loader reads the hop from its kernel, so it cannot be
 smaller) is not trained. It is fixed to linear interpolation between
@@ -91,21 +102,6 @@ def build(dims: WaveGlowDims, seed: int) -> WaveGlow:
         with torch.no_grad():
             inv.conv.weight.copy_(q[:, :, None])
     return model
-
-
-def reset_first_coupling(model: WaveGlow, optimizer: torch.optim.Optimizer) -> None:
-    """Zero the first coupling's output layer (its shift and log-scale: the
-    coupling becomes the identity, as at initialisation) and forget its
-    optimizer state. For a checkpoint trained on undithered audio resumed on
-    dithered audio: that layer had learnt to scale exact silences by up to
-    exp(89), which on dithered silence overflows at once; the other flows'
-    scales stayed moderate (up to exp(8.5)) and are kept."""
-    end = model.WN[0].end
-    with torch.no_grad():
-        end.weight.zero_()
-        end.bias.zero_()
-    for p in (end.weight, end.bias):
-        optimizer.state.pop(p, None)
 
 
 def trainable(model: WaveGlow) -> list[nn.Parameter]:
@@ -196,6 +192,92 @@ def _cholesky_log_diagonal(w: Tensor) -> Tensor:
 
 def waveglow_loss(z: Tensor, log_s_total: Tensor, log_det_total: Tensor, sigma: float = SIGMA) -> Tensor:
     return ((z * z).sum() / (2 * sigma * sigma) - log_s_total - log_det_total) / z.numel()
+
+
+# --------------------------------------------------------------------------
+# Inverse flow and spectral loss (--objective spectral)
+
+INFERENCE_SIGMA = 0.666   # tts-batch's default noise scale, which the spectral objective trains for
+# (FFT size, hop, window) of the multi-resolution STFT loss: Parallel WaveGAN's three.
+SPECTRAL_RESOLUTIONS = ((1024, 120, 600), (2048, 240, 1200), (512, 50, 240))
+MAGNITUDE_FLOOR = 1e-7    # added to |X|^2 before the root and the log: espeak-ng's silences are exact zeros
+
+
+class InverseWeights(nn.Module):
+    """The inverse of each flow's 1x1 convolution as the trained parameter.
+    The inverse pass needs W^-1, and a matrix inverse (cuSOLVER) cannot run
+    inside a captured CUDA graph; so training moves V = W^-1, and
+    ``write_back`` sets each W to V^-1 (fp64, on the CPU) before the weights
+    are saved or checked."""
+
+    def __init__(self, model: WaveGlow):
+        super().__init__()
+        self.v = nn.ParameterList(
+            nn.Parameter(_inverse(inv.conv.weight.squeeze(2)).to(inv.conv.weight.device))
+            for inv in model.convinv)
+
+    def weights(self) -> list[Tensor]:
+        return list(self.v)
+
+    @torch.no_grad()
+    def write_back(self, model: WaveGlow) -> None:
+        for inv, v in zip(model.convinv, self.v):
+            inv.conv.weight.copy_(_inverse(v)[:, :, None])
+
+
+def _inverse(w: Tensor) -> Tensor:
+    return w.detach().cpu().double().inverse().float()
+
+
+def flow_inverse(model: WaveGlow, inverse_weights: list[Tensor], mel: Tensor, noise: Tensor,
+                 precision: str) -> Tensor:
+    """What ``WaveGlow.infer`` computes, differentiably and with the noise
+    given: noise (B, n_group, steps), already scaled by sigma, its first
+    channels the last flow's input and then n_early_size channels for each
+    early output from the last flow back; mel (B, n_mel, F) with F*hop >=
+    steps*n_group. Returns audio (B, steps*n_group), fp32."""
+    d = model.dims
+    b, _, steps = noise.shape
+    device = mel.device.type
+    with common.autocast(device, precision):
+        spect = model.upsample_mel(mel)[:, :, :steps]
+    keep = torch.ones(b, 1, steps, device=mel.device, dtype=spect.dtype)
+    n_final = inverse_weights[-1].shape[0]
+    audio, unused = noise[:, :n_final], noise[:, n_final:]
+    for k in reversed(range(d.n_flows)):
+        half = audio.shape[1] // 2
+        a0, a1 = audio[:, :half], audio[:, half:]
+        with common.autocast(device, precision):
+            out = model.WN[k](a0, spect, keep).float()
+        shift, log_s = out[:, :half], out[:, half:]
+        a1 = (a1 - shift) * torch.exp(-log_s)
+        audio = torch.einsum("oc,bct->bot", inverse_weights[k], torch.cat((a0, a1), 1))
+        if k % d.n_early_every == 0 and k > 0:
+            audio = torch.cat((unused[:, : d.n_early_size], audio), 1)
+            unused = unused[:, d.n_early_size:]
+    return audio.permute(0, 2, 1).reshape(b, -1)
+
+
+def spectral_loss(audio: Tensor, target: Tensor, windows: dict[int, Tensor]) -> Tensor:
+    """Mean over SPECTRAL_RESOLUTIONS of spectral convergence (|| |Y| - |X| ||
+    / || |X| ||, over the batch) plus the mean |log |Y| - log |X||; audio and
+    target (B, S) fp32; ``windows``: Hann windows by length (spectral_windows)."""
+    total = audio.new_zeros(())
+    for n_fft, hop, window in SPECTRAL_RESOLUTIONS:
+        ours = _stft_magnitude(audio, n_fft, hop, windows[window])
+        theirs = _stft_magnitude(target, n_fft, hop, windows[window])
+        convergence = torch.linalg.vector_norm(theirs - ours) / torch.linalg.vector_norm(theirs)
+        total = total + convergence + (ours.log() - theirs.log()).abs().mean()
+    return total / len(SPECTRAL_RESOLUTIONS)
+
+
+def spectral_windows(device) -> dict[int, Tensor]:
+    return {w: torch.hann_window(w, device=device) for _, _, w in SPECTRAL_RESOLUTIONS}
+
+
+def _stft_magnitude(x: Tensor, n_fft: int, hop: int, window: Tensor) -> Tensor:
+    spec = torch.stft(x, n_fft, hop, window.shape[0], window, return_complex=True)
+    return (spec.real.square() + spec.imag.square() + MAGNITUDE_FLOOR).sqrt()
 
 
 # --------------------------------------------------------------------------
@@ -324,7 +406,31 @@ def _per_layer_cond(state: "OrderedDict[str, Tensor]", dims: WaveGlowDims) -> "O
     return out
 
 
-def export(model: WaveGlow, path: Path, step: int) -> None:
+def weights_from_export(path: Path) -> tuple[dict[str, Tensor], int, dict]:
+    """An export (``export``'s layout) back into the trained weights
+    (``trained_state``'s names, fp32), with its step and config: a training
+    run can start from a snapshot that lost its optimizer state."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    per_layer: dict[tuple[str, str], dict[int, Tensor]] = {}
+    state: dict[str, Tensor] = {}
+    for key, value in saved["state_dict"].items():
+        key = key.removeprefix("module.")
+        if key.startswith("upsample."):
+            continue   # fixed; build() makes it
+        key = key.replace(".weight_g", ".parametrizations.weight.original0")
+        key = key.replace(".weight_v", ".parametrizations.weight.original1")
+        head, sep, rest = key.partition(".cond_layers.")
+        if sep:
+            layer, what = rest.split(".", 1)
+            per_layer.setdefault((head, what), {})[int(layer)] = value
+        else:
+            state[key] = value.float()
+    for (head, what), layers in per_layer.items():
+        state[f"{head}.cond_layer.{what}"] = torch.cat([layers[i] for i in sorted(layers)]).float()
+    return state, int(saved["config"].get("demo_voice_step", saved.get("epoch", 0))), saved["config"]
+
+
+def export(model: WaveGlow, path: Path, step: int, dither: float = 0.0, objective: str = "mle") -> None:
     """DeepLearningExamples / NGC layout, fp16: {'epoch', 'config', 'state_dict'}
     with 'module.' names, weight norm as weight_g / weight_v and per-layer
     cond_layers; tts_cli.checkpoints folds and fuses them back."""
@@ -335,7 +441,8 @@ def export(model: WaveGlow, path: Path, step: int) -> None:
               "n_early_every": d.n_early_every, "n_early_size": d.n_early_size,
               "WN_config": {"n_layers": d.wn_layers, "kernel_size": d.wn_kernel,
                             "n_channels": d.wn_channels},
-              "sigma": SIGMA, "demo_voice_step": step}
+              "sigma": SIGMA, "demo_voice_step": step, "demo_voice_dither": dither,
+              "demo_voice_objective": objective}
     common.save_checkpoint(path, compressed=True, epoch=step, config=config, state_dict=state)
 
 
@@ -351,56 +458,83 @@ def train(args) -> dict:
     data = AudioSegments(args.data, args.device)
     model = build(dims, args.seed).to(args.device).train()
     captured = common.use_graphs(args)
-    optimizer = torch.optim.Adam(trainable(model), lr=args.lr, capturable=captured)
     scaler = common.grad_scaler(args.device, args.precision)
-    step = 0
+    spectral = args.objective == "spectral"
+    step, saved_optimizer = 0, None
     saved = common.load_checkpoint(out / "checkpoint.pt")
     if saved is not None:
         load_trained(model, saved["model"])
-        common.restore_optimizer(optimizer, saved["optimizer"], captured, args.lr)
         scaler.load_state_dict(saved["scaler"])
         step = saved["step"]
-        log.write(event="resumed", step=step)
-    # The dither the weights were last trained with; a run that trains none
-    # (an export-only run, --minutes 0) changes neither it nor the weights.
-    dither = saved.get("dither", 0.0) if saved is not None else args.dither
-    if step < args.max_steps and not budget.spent():
-        if saved is not None and args.dither > 0 and not dither:
-            reset_first_coupling(model, optimizer)
-            log.write(event="first coupling reset for dithered audio", step=step)
-        dither = args.dither
-    else:
-        log.write(event="start", trained_parameters=sum(p.numel() for p in trainable(model)),
-                  utterances=len(data))
+        # A checkpoint of the other objective trains different parameters
+        # (W or its inverse): its optimizer state does not fit.
+        if saved.get("objective", "mle") == args.objective:
+            saved_optimizer = saved["optimizer"]
+        log.write(event="resumed", step=step, objective=args.objective,
+                  optimizer="restored" if saved_optimizer else "fresh")
+    elif args.init_from is not None:
+        state, step, _ = weights_from_export(args.init_from)
+        load_trained(model, state)
+        log.write(event="started from export", path=str(args.init_from), step=step, optimizer="fresh")
+    inverse = InverseWeights(model) if spectral else None
+    parameters = trainable(model) if inverse is None else [
+        p for name, p in model.named_parameters() if p.requires_grad and not name.startswith("convinv.")
+    ] + inverse.weights()
+    optimizer = torch.optim.Adam(parameters, lr=args.lr, capturable=captured)
+    if saved_optimizer is not None:
+        common.restore_optimizer(optimizer, saved_optimizer, captured, args.lr)
+    # The spectral objective compares spectra of the clean audio; only the
+    # likelihood needs the dither (see AudioSegments.batch).
+    dither = 0.0 if spectral else args.dither
+    if saved is None:
+        log.write(event="start", trained_parameters=sum(p.numel() for p in parameters),
+                  utterances=len(data), objective=args.objective)
     last_save = budget.elapsed()
 
     check = HeldOutCheck(args.data, args.device) if args.check else None
 
     def save() -> None:
         common.require_few_skipped(skipped_in_a_row, args.max_skipped, step, out / "checkpoint.pt")
-        common.require_finite(trainable(model), step, out / "checkpoint.pt")
+        common.require_finite(parameters, step, out / "checkpoint.pt")
+        if inverse is not None:
+            inverse.write_back(model)
         common.save_checkpoint(out / "checkpoint.pt", model=trained_state(model),
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                               step=step, dims=asdict(dims), dither=dither)
+                               step=step, dims=asdict(dims), dither=dither, objective=args.objective)
         if check is not None:
             log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model),
                       **common.gpu_memory(args.device))
 
-    def batch(at_step: int) -> tuple[Tensor, Tensor]:
-        # Segments are a function of (seed, step): a resumed run continues the sequence.
+    def batch(at_step: int) -> dict[str, Tensor]:
+        # Segments (and noise) are a function of (seed, step): a resumed run continues the sequence.
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + at_step)
-        return data.batch(args.batch_size, args.segment, g, args.dither)
+        audio, mel = data.batch(args.batch_size, args.segment, g, dither)
+        inputs = {"audio": audio, "mel": mel}
+        if spectral:
+            noise_g = torch.Generator(args.device).manual_seed(int(torch.randint(2 ** 62, (1,), generator=g)))
+            inputs["noise"] = INFERENCE_SIGMA * torch.randn(
+                args.batch_size, dims.n_group, args.segment // dims.n_group, generator=noise_g,
+                device=args.device)
+        return inputs
+
+    windows = spectral_windows(args.device)
+
+    def objective(inputs: dict[str, Tensor]) -> Tensor:
+        if spectral:
+            audio = flow_inverse(model, inverse.weights(), inputs["mel"], inputs["noise"], args.precision)
+            return spectral_loss(audio, inputs["audio"], windows)
+        z, log_s, log_det = flow_forward(model, inputs["audio"], inputs["mel"], args.precision)
+        return waveglow_loss(z, log_s, log_det)
 
     # Steps whose gradient was not finite (skipped): in a row, and in all this run.
     skipped_in_a_row, skipped_in_all = (torch.zeros((), dtype=torch.long, device=args.device)
                                         for _ in range(2))
 
     def graph_step(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-        z, log_s, log_det = flow_forward(model, inputs["audio"], inputs["mel"], args.precision)
-        loss = waveglow_loss(z, log_s, log_det)
+        loss = objective(inputs)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), args.clip)
-        common.skip_if_not_finite(trainable(model), grad_norm, skipped_in_a_row, skipped_in_all)
+        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, args.clip)
+        common.skip_if_not_finite(parameters, grad_norm, skipped_in_a_row, skipped_in_all)
         optimizer.step()
         return {"loss": loss, "grad_norm": grad_norm}
 
@@ -413,30 +547,27 @@ def train(args) -> dict:
 
         def eager_graph_step() -> None:
             optimizer.zero_grad(set_to_none=True)
-            audio, mel = next(warm_up)
-            graph_step({"audio": audio, "mel": mel})
+            graph_step(next(warm_up))
         common.warm_up_before_capture(eager_graph_step)
-        audio, mel = batch(step)
         try:
-            captured_step = common.CapturedStep(graph_step, {"audio": audio.clone(), "mel": mel.clone()},
+            captured_step = common.CapturedStep(graph_step, {k: v.clone() for k, v in batch(step).items()},
                                                 optimizer)
         except common.CAPTURE_ERRORS as e:   # a capture this machine cannot do: go on eagerly
             log.write(event="graphs off", error=str(e).splitlines()[0][:200])
     while step < args.max_steps and not budget.spent():
-        audio, mel = batch(step)
+        inputs = batch(step)
         if captured_step is not None:
-            captured_step.inputs["audio"].copy_(audio)
-            captured_step.inputs["mel"].copy_(mel)
+            for name, value in inputs.items():
+                captured_step.inputs[name].copy_(value)
             outputs = captured_step.replay()
             loss, grad_norm = outputs["loss"], outputs["grad_norm"]
         else:
-            z, log_s, log_det = flow_forward(model, audio, mel, args.precision)
-            loss = waveglow_loss(z, log_s, log_det)
+            loss = objective(inputs)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable(model), args.clip)
-            common.skip_if_not_finite(trainable(model), grad_norm, skipped_in_a_row, skipped_in_all)
+            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, args.clip)
+            common.skip_if_not_finite(parameters, grad_norm, skipped_in_a_row, skipped_in_all)
             scaler.step(optimizer)
             scaler.update()
         step += 1
@@ -445,13 +576,13 @@ def train(args) -> dict:
                       grad_norm=float(grad_norm), skipped=int(skipped_in_all))
             common.require_few_skipped(skipped_in_a_row, args.max_skipped, step, out / "checkpoint.pt")
             if not torch.isfinite(loss):
-                common.require_finite(trainable(model), step, out / "checkpoint.pt")
+                common.require_finite(parameters, step, out / "checkpoint.pt")
         if budget.elapsed() - last_save > args.save_every_minutes * 60:
             save()
             last_save = budget.elapsed()
     save()
     model.eval()
-    export(model, out / "demo_waveglow.pt", step)
+    export(model, out / "demo_waveglow.pt", step, dither, args.objective)
     log.write(event="saved", step=step, seconds=round(budget.elapsed(), 1))
     return {"step": step, "loss": float(loss.detach())}
 
@@ -460,6 +591,9 @@ def parse_args(argv: list[str] | None):
     p = common.training_arguments(__doc__.split("\n\n")[0], "folder made by make_data.py",
                                   {"max_steps": 10_000_000, "batch_size": 32, "lr": 2e-4, "log_every": 200})
     p.add_argument("--segment", type=int, default=SEGMENT)
+    p.add_argument("--objective", choices=("spectral", "mle"), default="spectral",
+                   help="spectral: the inverse flow from noise at sigma 0.666 to audio, scored by a "
+                        "multi-resolution STFT distance; mle: the reference's likelihood")
     p.add_argument("--clip", type=float, default=100.0,
                    help="gradient-norm clip; only catches rare spikes (the reference has none)")
     p.add_argument("--dither", type=float, default=1.0,
