@@ -456,6 +456,7 @@ def train(args) -> dict:
     budget = common.Budget(args.minutes)
     dims = replace(DEMO_DIMS, **args.dims) if args.dims else DEMO_DIMS
     data = AudioSegments(args.data, args.device)
+    log.write(event="audio loaded", clips=len(data), seconds=round(budget.elapsed(), 1))
     model = build(dims, args.seed).to(args.device).train()
     captured = common.use_graphs(args)
     scaler = common.grad_scaler(args.device, args.precision)
@@ -554,6 +555,7 @@ def train(args) -> dict:
                                                 optimizer)
         except common.CAPTURE_ERRORS as e:   # a capture this machine cannot do: go on eagerly
             log.write(event="graphs off", error=str(e).splitlines()[0][:200])
+        log.write(event="step captured" if captured_step else "eager", seconds=round(budget.elapsed(), 1))
     while step < args.max_steps and not budget.spent():
         inputs = batch(step)
         if captured_step is not None:
