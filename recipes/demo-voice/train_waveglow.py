@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -304,7 +305,11 @@ class AudioSegments:
             saved = torch.load(cache, map_location="cpu")
             if saved["ids"] == uids:
                 return list(saved["audio"].split(saved["lengths"]))
-        clips = [(read_wav(data / "wavs" / f"{uid}.wav") * 32768).round().short() for uid in uids]
+        # A few reader threads (soundfile releases the GIL): one at a time,
+        # 12,400 WAVs took 134 s on an H200 machine, a third of a call.
+        with ThreadPoolExecutor(8) as pool:
+            clips = list(pool.map(lambda uid: (read_wav(data / "wavs" / f"{uid}.wav") * 32768).round().short(),
+                                  uids))
         common.save_checkpoint(cache, ids=uids, audio=torch.cat(clips),
                                lengths=[len(c) for c in clips])
         return clips
