@@ -362,27 +362,44 @@ def test_forward_flow_is_inverted_by_tts_cli_inference(monkeypatch):
 
 
 def test_the_spectral_objectives_inverse_pass_is_what_tts_cli_synthesizes(monkeypatch):
-    # The spectral objective trains the inverse pass; with the same noise, and
-    # W written back from the trained inverses, tts_cli's WaveGlow.infer must
-    # make the same audio, or the voice is trained for a computation it never runs.
+    # The spectral objective trains the inverse pass; with the same noise,
+    # tts_cli's WaveGlow.infer must make the same audio, or the voice is
+    # trained for a computation it never runs.
     torch.manual_seed(2)
     model = _tiny_waveglow()
-    inverse = train_waveglow.InverseWeights(model)
-    with torch.no_grad():   # trained inverses that are no longer rotations
-        for v in inverse.v:
-            v.add_(0.1 * torch.randn_like(v))
-    inverse.write_back(model)
+    with torch.no_grad():   # 1x1 convolutions that are no longer rotations
+        for inv in model.convinv:
+            inv.conv.weight.add_(0.2 * torch.randn_like(inv.conv.weight))
     frames, early = 6, model.dims.n_early_size
     mel_in = torch.randn(1, 80, frames)
     noise = 0.666 * torch.randn(1, model.dims.n_group, frames * 256 // model.dims.n_group)
+    w_inverse = train_waveglow.inverse_1x1([inv.conv.weight.squeeze(2) for inv in model.convinv])
     with torch.no_grad():
-        ours = train_waveglow.flow_inverse(model, inverse.weights(), mel_in, noise, "fp32")
+        ours = train_waveglow.flow_inverse(model, w_inverse, mel_in, noise, "fp32")
     n_final = model.dims.n_group - early
     pieces = iter([noise[:, :n_final] / 0.666, noise[:, n_final:] / 0.666])
     monkeypatch.setattr(waveglow_module.randomness, "normal", lambda *a, **k: next(pieces))
     with torch.no_grad():
         theirs = model.infer(mel_in, torch.tensor([frames]), torch.tensor([0]), sigma=0.666)
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_the_graph_safe_inverse_of_the_1x1_convolutions_is_the_matrix_inverse_and_its_gradient():
+    torch.manual_seed(4)
+    # conditioned like the trained ones (1.2-40) and worse
+    u, _ = torch.linalg.qr(torch.randn(8, 8))
+    q, _ = torch.linalg.qr(torch.randn(8, 8))
+    badly = u @ torch.diag(torch.logspace(0, 3, 8)) @ q      # condition number 1000
+    weights = [torch.randn(8, 8), badly, torch.eye(6) + 0.3 * torch.randn(6, 6)]
+    weights = [w.double().requires_grad_() for w in weights]
+    ours = train_waveglow.inverse_1x1([w.float() for w in weights])
+    for w, v in zip(weights, ours):
+        torch.testing.assert_close(v.double(), torch.linalg.inv(w), atol=1e-3, rtol=1e-3)
+    probe = [torch.randn(w.shape, dtype=torch.float64) for w in weights]
+    grads = torch.autograd.grad(sum((v.double() * r).sum() for v, r in zip(ours, probe)), weights)
+    exact = torch.autograd.grad(sum((torch.linalg.inv(w) * r).sum() for w, r in zip(weights, probe)), weights)
+    for g, e in zip(grads, exact):
+        torch.testing.assert_close(g, e, atol=1e-2 * float(e.abs().max()), rtol=1e-2)
 
 
 def test_spectral_loss_is_zero_for_the_target_and_grows_with_the_difference():
@@ -407,7 +424,7 @@ def test_spectral_training_brings_copy_synthesis_closer_to_the_held_out_audio(to
     checks = [r["heldout_mel_l1"] for r in _log(out) if "heldout_mel_l1" in r]
     losses = [r["loss"] for r in _log(out) if "loss" in r]
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
-    assert checks[-1] < 0.8 * checks[0]
+    assert checks[-1] < 0.9 * checks[0]
 
 
 def test_a_waveglow_run_starts_from_an_export_with_its_weights_and_step(tone_data, tmp_path):
@@ -477,7 +494,7 @@ def _train_wg(data, out, steps, *more):
                                 "--dims", TINY_WG, "--device", "cpu", *more])
 
 
-@pytest.mark.parametrize("objective", ["spectral", "mle"])
+@pytest.mark.parametrize("objective", ["spectral", "mle", "hybrid"])
 def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_path, objective):
     out = tmp_path / "wg"
     _train_wg(tone_data, out, 2, "--objective", objective)
@@ -515,8 +532,9 @@ def test_dithered_training_audio_is_the_clean_audio_within_the_noise_and_keeps_t
     data = train_waveglow.AudioSegments(tone_data, "cpu")
     # segments longer than any clip: each ends in zero padding, exact zeros as espeak-ng's silences
     segment = (max(len(c) for c in data.clips) // 256 + 8) * 256
-    clean, clean_mel = data.batch(3, segment, torch.Generator().manual_seed(5), dither=0.0)
-    noisy, noisy_mel = data.batch(3, segment, torch.Generator().manual_seed(5), dither=2.0)
+    clean, clean_mel, same = data.batch(3, segment, torch.Generator().manual_seed(5), dither=0.0)
+    noisy, noisy_mel, undithered = data.batch(3, segment, torch.Generator().manual_seed(5), dither=2.0)
+    assert torch.equal(same, clean) and torch.equal(undithered, clean)
     difference = (noisy - clean).abs()
     assert bool((clean[:, -256:] == 0).all())             # the silences the dither is for
     assert float(difference.max()) <= 1.0 / 32768 and float(difference.min()) < float(difference.max())

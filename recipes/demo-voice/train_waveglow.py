@@ -30,8 +30,11 @@ three FFT sizes, as Parallel WaveGAN's) to the segment's own audio. espeak-ng
 is one deterministic voice, so the flow has no distribution to learn, only the
 map mel -> audio, and its likelihood rewarded what the ear does not hear (the
 exact zeros of silence, see --dither). ``mle`` is the reference's likelihood
-(``WaveGlowLoss``), which the first twelve sessions trained. The export is a
-WaveGlow either way, read and run by the same code.
+(``WaveGlowLoss``), which the first twelve sessions trained; ``hybrid`` is the
+sum of both (``--spectral-weight``). Every objective trains the same weights
+(the inverse pass inverts the 1x1 convolutions by Newton-Schulz,
+``inverse_1x1``), so a run may change objective and keep its weights. The
+export is a WaveGlow either way, read and run by the same code.
 
 Departure, for size: the upsampler (80 x 80 x 1024, 6.6 M weights, 13.1 MB
 even in fp16 -- the loader reads the hop from its kernel, so it cannot be
@@ -196,7 +199,7 @@ def waveglow_loss(z: Tensor, log_s_total: Tensor, log_det_total: Tensor, sigma: 
 
 
 # --------------------------------------------------------------------------
-# Inverse flow and spectral loss (--objective spectral)
+# Inverse flow and spectral loss (--objective spectral / hybrid)
 
 INFERENCE_SIGMA = 0.666   # tts-batch's default noise scale, which the spectral objective trains for
 # (FFT size, hop, window) of the multi-resolution STFT loss: Parallel WaveGAN's three.
@@ -204,30 +207,30 @@ SPECTRAL_RESOLUTIONS = ((1024, 120, 600), (2048, 240, 1200), (512, 50, 240))
 MAGNITUDE_FLOOR = 1e-7    # added to |X|^2 before the root and the log: espeak-ng's silences are exact zeros
 
 
-class InverseWeights(nn.Module):
-    """The inverse of each flow's 1x1 convolution as the trained parameter.
-    The inverse pass needs W^-1, and a matrix inverse (cuSOLVER) cannot run
-    inside a captured CUDA graph; so training moves V = W^-1, and
-    ``write_back`` sets each W to V^-1 (fp64, on the CPU) before the weights
-    are saved or checked."""
-
-    def __init__(self, model: WaveGlow):
-        super().__init__()
-        self.v = nn.ParameterList(
-            nn.Parameter(_inverse(inv.conv.weight.squeeze(2)).to(inv.conv.weight.device))
-            for inv in model.convinv)
-
-    def weights(self) -> list[Tensor]:
-        return list(self.v)
-
-    @torch.no_grad()
-    def write_back(self, model: WaveGlow) -> None:
-        for inv, v in zip(model.convinv, self.v):
-            inv.conv.weight.copy_(_inverse(v)[:, :, None])
+NEWTON_SCHULZ_STEPS = 40
 
 
-def _inverse(w: Tensor) -> Tensor:
-    return w.detach().cpu().double().inverse().float()
+def inverse_1x1(weights: list[Tensor]) -> list[Tensor]:
+    """Each flow's W^-1, differentiably and in plain tensor operations (a
+    cuSOLVER inverse cannot run inside a captured CUDA graph): Newton-Schulz,
+    V <- V (2I - W V) from V = W^T / ||W||_F^2, which converges for any
+    invertible W (every eigenvalue of I - W V starts in [0, 1) and is squared
+    by each step). 40 steps reach float32 precision up to a condition number
+    of about 10^4 (the trained ones are 1.2-40); matrices of one size go
+    through together."""
+    by_size: dict[int, list[int]] = {}
+    for i, w in enumerate(weights):
+        by_size.setdefault(w.shape[0], []).append(i)
+    out: list[Tensor | None] = [None] * len(weights)
+    for n, members in by_size.items():
+        w = torch.stack([weights[i].float() for i in members])
+        eye = torch.eye(n, device=w.device)
+        v = w.transpose(1, 2) / w.square().sum((1, 2), keepdim=True)
+        for _ in range(NEWTON_SCHULZ_STEPS):
+            v = v @ (2 * eye - w @ v)
+        for i, inverse in zip(members, v):
+            out[i] = inverse
+    return out
 
 
 def flow_inverse(model: WaveGlow, inverse_weights: list[Tensor], mel: Tensor, noise: Tensor,
@@ -318,9 +321,9 @@ class AudioSegments:
         return len(self.clips)
 
     def batch(self, size: int, segment: int, g: torch.Generator, dither: float = 0.0
-              ) -> tuple[Tensor, Tensor]:
+              ) -> tuple[Tensor, Tensor, Tensor]:
         """``size`` random segments of ``segment`` samples, float in [-1, 1),
-        and their mels. ``dither``: uniform noise of that many int16 steps
+        their mels, and the segments again without the dither. ``dither``: uniform noise of that many int16 steps
         (peak to peak) added to the audio after its mel is taken. espeak-ng's
         silences are exact zeros, and a flow's likelihood of an exact value
         has no bound: trained on them, WaveGlow's first coupling scaled
@@ -337,14 +340,15 @@ class AudioSegments:
                 audio[row] = clip[start:start + segment]
             else:
                 audio[row, : len(clip)] = clip   # zero-padded, as the reference
-        audio = audio.to(self.device).float() / 32768.0
+        clean = audio.to(self.device).float() / 32768.0
         with torch.no_grad():
-            mel = self.mel(audio)
+            mel = self.mel(clean)
+        audio = clean
         if dither > 0:   # drawn on the device, from a generator seeded by g (resumable)
             noise_g = torch.Generator(self.device).manual_seed(int(torch.randint(2 ** 62, (1,), generator=g)))
             noise = torch.rand(size, segment, generator=noise_g, device=self.device) - 0.5
-            audio = audio + noise * (dither / 32768.0)
-        return audio, mel
+            audio = clean + noise * (dither / 32768.0)
+        return audio, mel, clean
 
 
 # --------------------------------------------------------------------------
@@ -465,7 +469,7 @@ def train(args) -> dict:
     model = build(dims, args.seed).to(args.device).train()
     captured = common.use_graphs(args)
     scaler = common.grad_scaler(args.device, args.precision)
-    spectral = args.objective == "spectral"
+    spectral = args.objective in ("spectral", "hybrid")
     step, saved_optimizer = 0, None
     saved = common.load_checkpoint(out / "checkpoint.pt")
     if saved is not None:
@@ -482,16 +486,13 @@ def train(args) -> dict:
         state, step, _ = weights_from_export(args.init_from)
         load_trained(model, state)
         log.write(event="started from export", path=str(args.init_from), step=step, optimizer="fresh")
-    inverse = InverseWeights(model) if spectral else None
-    parameters = trainable(model) if inverse is None else [
-        p for name, p in model.named_parameters() if p.requires_grad and not name.startswith("convinv.")
-    ] + inverse.weights()
+    parameters = trainable(model)
     optimizer = torch.optim.Adam(parameters, lr=args.lr, capturable=captured)
     if saved_optimizer is not None:
         common.restore_optimizer(optimizer, saved_optimizer, captured, args.lr)
-    # The spectral objective compares spectra of the clean audio; only the
-    # likelihood needs the dither (see AudioSegments.batch).
-    dither = 0.0 if spectral else args.dither
+    # Only the likelihood needs the dither (see AudioSegments.batch); the
+    # spectral objective compares spectra of the clean audio.
+    dither = 0.0 if args.objective == "spectral" else args.dither
     if saved is None:
         log.write(event="start", trained_parameters=sum(p.numel() for p in parameters),
                   utterances=len(data), objective=args.objective)
@@ -502,8 +503,6 @@ def train(args) -> dict:
     def save() -> None:
         common.require_few_skipped(skipped_in_a_row, args.max_skipped, step, out / "checkpoint.pt")
         common.require_finite(parameters, step, out / "checkpoint.pt")
-        if inverse is not None:
-            inverse.write_back(model)
         common.save_checkpoint(out / "checkpoint.pt", model=trained_state(model),
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                                step=step, dims=asdict(dims), dither=dither, objective=args.objective)
@@ -514,9 +513,10 @@ def train(args) -> dict:
     def batch(at_step: int) -> dict[str, Tensor]:
         # Segments (and noise) are a function of (seed, step): a resumed run continues the sequence.
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + at_step)
-        audio, mel = data.batch(args.batch_size, args.segment, g, dither)
+        audio, mel, clean = data.batch(args.batch_size, args.segment, g, dither)
         inputs = {"audio": audio, "mel": mel}
         if spectral:
+            inputs["clean_audio"] = clean
             noise_g = torch.Generator(args.device).manual_seed(int(torch.randint(2 ** 62, (1,), generator=g)))
             inputs["noise"] = INFERENCE_SIGMA * torch.randn(
                 args.batch_size, dims.n_group, args.segment // dims.n_group, generator=noise_g,
@@ -526,11 +526,16 @@ def train(args) -> dict:
     windows = spectral_windows(args.device)
 
     def objective(inputs: dict[str, Tensor]) -> Tensor:
+        loss = torch.zeros((), device=args.device)
+        if args.objective in ("mle", "hybrid"):
+            z, log_s, log_det = flow_forward(model, inputs["audio"], inputs["mel"], args.precision)
+            loss = loss + waveglow_loss(z, log_s, log_det)
         if spectral:
-            audio = flow_inverse(model, inverse.weights(), inputs["mel"], inputs["noise"], args.precision)
-            return spectral_loss(audio, inputs["audio"], windows)
-        z, log_s, log_det = flow_forward(model, inputs["audio"], inputs["mel"], args.precision)
-        return waveglow_loss(z, log_s, log_det)
+            w_inverse = inverse_1x1([inv.conv.weight.squeeze(2) for inv in model.convinv])
+            audio = flow_inverse(model, w_inverse, inputs["mel"], inputs["noise"], args.precision)
+            weight = args.spectral_weight if args.objective == "hybrid" else 1.0
+            loss = loss + weight * spectral_loss(audio, inputs["clean_audio"], windows)
+        return loss
 
     # Steps whose gradient was not finite (skipped): in a row, and in all this run.
     skipped_in_a_row, skipped_in_all = (torch.zeros((), dtype=torch.long, device=args.device)
@@ -598,9 +603,12 @@ def parse_args(argv: list[str] | None):
     p = common.training_arguments(__doc__.split("\n\n")[0], "folder made by make_data.py",
                                   {"max_steps": 10_000_000, "batch_size": 32, "lr": 2e-4, "log_every": 200})
     p.add_argument("--segment", type=int, default=SEGMENT)
-    p.add_argument("--objective", choices=("spectral", "mle"), default="spectral",
+    p.add_argument("--objective", choices=("spectral", "mle", "hybrid"), default="spectral",
                    help="spectral: the inverse flow from noise at sigma 0.666 to audio, scored by a "
-                        "multi-resolution STFT distance; mle: the reference's likelihood")
+                        "multi-resolution STFT distance; mle: the reference's likelihood; hybrid: "
+                        "the likelihood plus --spectral-weight times the spectral loss")
+    p.add_argument("--spectral-weight", type=float, default=1.0,
+                   help="hybrid objective: weight of the spectral loss beside the likelihood")
     p.add_argument("--clip", type=float, default=100.0,
                    help="gradient-norm clip; only catches rare spikes (the reference has none)")
     p.add_argument("--dither", type=float, default=1.0,
