@@ -7,9 +7,10 @@
 # side by side for MINUTES each (on two GPUs when there are two), resuming
 # from runs/*/checkpoint.pt or, on a fresh machine, from .resume/ (or, with
 # neither, from the snapshot committed in recipes/demo-voice/snapshot/), and puts
-# the logs and packed checkpoints under $OUT (in 15 MB parts: the device
-# returns files of at most 16 MiB). Copy the parts into .resume/ here; the
-# next run carries them.
+# the logs (logs.tar) and packed checkpoints under $OUT (in 15 MB parts: the
+# device returns files of at most 16 MiB). Copy the parts into .resume/ here;
+# the next run carries them. WG_B_ARGS="..." trains a second WaveGlow beside
+# the first (runs/waveglow_b), for comparisons.
 # With EVAL=1 in the environment it then also synthesizes the held-out lines.
 set -uo pipefail
 minutes=${1:?minutes}
@@ -32,7 +33,11 @@ python3 $R/make_data.py --out runs/data --espeak "$ESPEAK" ${transcripts:+--tran
 echo "data ready after $(( $(date +%s) - start )) s"
 # On a fresh machine, resume from the packed checkpoints an earlier run
 # returned (carried in .resume/; see portable.py).
-for m in tacotron2 waveglow; do
+# WG_B_ARGS="...": a second WaveGlow trains beside the first, in
+# runs/waveglow_b with these options (never from the snapshot: it is the
+# other arm of a comparison, measured side by side on the same GPU).
+runs_here="tacotron2 waveglow${WG_B_ARGS:+ waveglow_b}"
+for m in $runs_here; do
     if [ ! -f runs/$m/checkpoint.pt ] && ls .resume/$m.resume.pt.part-* >/dev/null 2>&1; then
         cat .resume/$m.resume.pt.part-* > /tmp/$m.resume.pt
         python3 $R/portable.py unpack /tmp/$m.resume.pt runs/$m/checkpoint.pt || exit 1
@@ -54,14 +59,15 @@ wg_gpu=${WG_GPU:-$([ "$gpus" -ge 2 ] && echo 1 || echo 0)}
 left() { python3 -c "print(max(0, $minutes - ($(date +%s) - $started) / 60))"; }
 started=$(date +%s)
 train() {
-    local model=$1
+    local run=$1 model=${1%_b}
     export CUDA_VISIBLE_DEVICES=$2
-    local args=(--data runs/data --out runs/$model --batch-size "$3")
+    local args=(--data runs/data --out runs/$run --batch-size "$3")
     # With no checkpoint (neither runs/ nor .resume/), start from the
     # committed snapshot (the trainer reads it only then).
-    [ -f $R/snapshot/demo_$model.pt ] && args+=(--init-from $R/snapshot/demo_$model.pt)
-    # TACOTRON2_ARGS / WAVEGLOW_ARGS: more options for one trainer (word-split)
+    [ "$run" = "$model" ] && [ -f $R/snapshot/demo_$model.pt ] && args+=(--init-from $R/snapshot/demo_$model.pt)
+    # TACOTRON2_ARGS / WAVEGLOW_ARGS / WG_B_ARGS: more options for one run (word-split)
     local extra_name="${model^^}_ARGS"
+    [ "$run" = waveglow_b ] && extra_name=WG_B_ARGS
     args+=(${!extra_name:-})
     python3 $R/train_$model.py "${args[@]}" --minutes "$(left)"
     local status=$?
@@ -77,15 +83,20 @@ wait_for() {
 }
 ( wait_for "${T2_AFTER:-}"; train tacotron2 "$t2_gpu" 128 ) > runs/tacotron2.out 2>&1 &
 t2=$!
+if [ -n "${WG_B_ARGS:-}" ]; then
+    ( wait_for "${WG_AFTER:-}"; train waveglow_b "$wg_gpu" 64 ) > runs/waveglow_b.out 2>&1 &
+    wg_b=$!
+fi
 ( wait_for "${WG_AFTER:-}"; train waveglow "$wg_gpu" 64 ) > runs/waveglow.out 2>&1
-wait $t2
-tail -n 4 runs/tacotron2.out runs/waveglow.out
-# What comes back (at most 8 files of 16 MiB): the logs, and both checkpoints
-# packed for the next run (carry them as .resume/); the exports are made from
-# them here: train_*.py --minutes 0 resumes, trains nothing and exports.
-cp runs/tacotron2/log.jsonl "$OUT/tacotron2_log.jsonl"
-cp runs/waveglow/log.jsonl "$OUT/waveglow_log.jsonl"
-for m in tacotron2 waveglow; do
+wait $t2 ${wg_b:-}
+for m in $runs_here; do tail -n 4 runs/$m.out; done
+# What comes back (at most 8 files of 16 MiB): the logs (one tar), and the
+# checkpoints packed for the next run (carry them as .resume/); the exports
+# are made from them here: train_*.py --minutes 0 resumes, trains nothing and
+# exports.
+for m in $runs_here; do cp runs/$m/log.jsonl "runs/${m}_log.jsonl"; done
+tar -C runs -cf "$OUT/logs.tar" $(for m in $runs_here; do echo "${m}_log.jsonl"; done)
+for m in $runs_here; do
     python3 $R/portable.py pack runs/$m/checkpoint.pt /tmp/$m.resume.pt || exit 1
     split -b 15M /tmp/$m.resume.pt "$OUT/$m.resume.pt.part-"
 done
