@@ -500,7 +500,7 @@ def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_p
     _train_wg(tone_data, out, 2, "--objective", objective)
     _train_wg(tone_data, out, 3, "--objective", objective)
     log = _log(out)
-    assert {"event": "resumed", "step": 2, "objective": objective, "optimizer": "restored"} in log
+    assert {"event": "resumed", "step": 2, "objective": objective} in log
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in log if "loss" in r)
     # Each run ends with a copy-synthesis check of a held-out clip.

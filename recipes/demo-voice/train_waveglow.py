@@ -22,19 +22,27 @@ determinant +1; training reads random segments of the audio (zero-padded when
 shorter) with the mel of each segment; Adam. The 1x1 convolutions and the
 log-determinants run in fp32; WN runs under autocast.
 
-Objective (``--objective``): ``spectral``, the default since the thirteenth
-session, trains the flow the way it is used: the inverse pass turns noise at
-the inference sigma (0.666) and a segment's mel into audio, and the loss is a
-multi-resolution STFT distance (spectral convergence plus log-magnitude L1 at
-three FFT sizes, as Parallel WaveGAN's) to the segment's own audio. espeak-ng
-is one deterministic voice, so the flow has no distribution to learn, only the
-map mel -> audio, and its likelihood rewarded what the ear does not hear (the
-exact zeros of silence, see --dither). ``mle`` is the reference's likelihood
-(``WaveGlowLoss``), which the first twelve sessions trained; ``hybrid`` is the
-sum of both (``--spectral-weight``). Every objective trains the same weights
-(the inverse pass inverts the 1x1 convolutions by Newton-Schulz,
-``inverse_1x1``), so a run may change objective and keep its weights. The
-export is a WaveGlow either way, read and run by the same code.
+Objective (``--objective``):
+
+* ``spectral`` trains the flow the way it is used: the inverse pass turns
+  noise at the inference sigma (0.666) and a segment's mel into audio, and
+  the loss is a multi-resolution STFT distance to the segment's own audio
+  (spectral convergence plus log-magnitude L1 at three FFT sizes, as Parallel
+  WaveGAN's). The default since the thirteenth session, which trained the
+  snapshot with it. It matches spectra four times sooner than the
+  likelihood, but what it learnt by 10,870 steps is to shape its noise into
+  the envelope, unvoiced, and its words are worse (recipe README).
+* ``mle`` is the reference's likelihood (``WaveGlowLoss``), which the first
+  twelve sessions trained.
+* ``hybrid`` is the sum of both (``--spectral-weight``), not measured yet:
+  the likelihood makes each coupling predict real audio from real audio,
+  voicing included, and the spectral term is meant to shape what sampling
+  at 0.666 makes of that.
+
+Every objective trains the same weights (the inverse pass inverts the 1x1
+convolutions by Newton-Schulz, ``inverse_1x1``), so a run may change
+objective and keep its weights and optimizer state. The export is a
+WaveGlow either way, read and run by the same code.
 
 Departure, for size: the upsampler (80 x 80 x 1024, 6.6 M weights, 13.1 MB
 even in fp16 -- the loader reads the hop from its kernel, so it cannot be
@@ -205,8 +213,6 @@ INFERENCE_SIGMA = 0.666   # tts-batch's default noise scale, which the spectral 
 # (FFT size, hop, window) of the multi-resolution STFT loss: Parallel WaveGAN's three.
 SPECTRAL_RESOLUTIONS = ((1024, 120, 600), (2048, 240, 1200), (512, 50, 240))
 MAGNITUDE_FLOOR = 1e-7    # added to |X|^2 before the root and the log: espeak-ng's silences are exact zeros
-
-
 NEWTON_SCHULZ_STEPS = 40
 
 
@@ -323,8 +329,9 @@ class AudioSegments:
     def batch(self, size: int, segment: int, g: torch.Generator, dither: float = 0.0
               ) -> tuple[Tensor, Tensor, Tensor]:
         """``size`` random segments of ``segment`` samples, float in [-1, 1),
-        their mels, and the segments again without the dither. ``dither``: uniform noise of that many int16 steps
-        (peak to peak) added to the audio after its mel is taken. espeak-ng's
+        their mels, and the same segments without the dither. ``dither``:
+        uniform noise of that many int16 steps (peak to peak) added to the
+        audio after its mel is taken. espeak-ng's
         silences are exact zeros, and a flow's likelihood of an exact value
         has no bound: trained on them, WaveGlow's first coupling scaled
         silence by up to exp(89) (step 44,473), past float32's range, and its
@@ -475,18 +482,13 @@ def train(args) -> dict:
     if saved is not None:
         load_trained(model, saved["model"])
         scaler.load_state_dict(saved["scaler"])
-        step = saved["step"]
-        # A checkpoint of the other objective trains different parameters
-        # (W or its inverse): its optimizer state does not fit.
-        if saved.get("objective", "mle") == args.objective:
-            saved_optimizer = saved["optimizer"]
-        log.write(event="resumed", step=step, objective=args.objective,
-                  optimizer="restored" if saved_optimizer else "fresh")
+        step, saved_optimizer = saved["step"], saved["optimizer"]
+        log.write(event="resumed", step=step, objective=args.objective)
     elif args.init_from is not None:
         state, step, _ = weights_from_export(args.init_from)
         load_trained(model, state)
         log.write(event="started from export", path=str(args.init_from), step=step, optimizer="fresh")
-    parameters = trainable(model)
+    parameters = trainable(model)   # the same for every objective
     optimizer = torch.optim.Adam(parameters, lr=args.lr, capturable=captured)
     if saved_optimizer is not None:
         common.restore_optimizer(optimizer, saved_optimizer, captured, args.lr)
