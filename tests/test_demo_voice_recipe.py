@@ -675,3 +675,18 @@ def test_the_attention_evaluation_measures_both_paths_of_every_held_out_line(ton
     for line in record["lines"].values():
         for way in ("teacher_forced", "free_running"):
             assert 0 < line[way]["symbols_visited"] <= 1 and 0 < line[way]["peak_weight"] <= 1
+
+
+def test_the_committed_snapshot_fits_the_recipes_models():
+    # A fresh device machine starts from these files; a change of DEMO_DIMS
+    # that they no longer fit would cost a device call to find out.
+    snapshot = RECIPE / "snapshot"
+    state, step, _ = train_waveglow.weights_from_export(snapshot / "demo_waveglow.pt")
+    train_waveglow.load_trained(train_waveglow.build(train_waveglow.DEMO_DIMS, 1), state)
+    assert step > 0
+    state, step = train_tacotron2.weights_from_export(snapshot / "demo_tacotron2.pt")
+    Tacotron2(train_tacotron2.DEMO_DIMS).load_state_dict(state)
+    assert step > 0
+    # and they load through tts_cli's own path, as NVIDIA's do
+    WaveGlow.from_state_dict(checkpoints.load_waveglow_weights(snapshot / "demo_waveglow.pt"))
+    Tacotron2.from_state_dict(checkpoints.load_tacotron2_weights(snapshot / "demo_tacotron2.pt"))
