@@ -125,6 +125,16 @@ def load_checkpoint(path: Path) -> dict | None:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def read_export(path: Path) -> tuple[dict, int, dict]:
+    """A trainer's export (DeepLearningExamples layout): its state dict
+    without the 'module.' prefix, the training step it was made at, and its
+    config. The trainers start from one when a snapshot has no optimizer
+    state (``--init-from``)."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    state = {k.removeprefix("module."): v for k, v in saved["state_dict"].items()}
+    return state, int(saved["config"].get("demo_voice_step", saved.get("epoch", 0))), saved["config"]
+
+
 def use_graphs(args) -> bool:
     """Replay whole training steps from CUDA graphs: on CUDA, unless
     --no-graphs, and not in fp16 (a GradScaler's skipped steps cannot be

@@ -475,10 +475,8 @@ def export(model: Tacotron2, path: Path, step: int) -> None:
 def weights_from_export(path: Path) -> tuple[dict[str, Tensor], int]:
     """An export back into the model's weights (fp32) and its step: a
     training run can start from a snapshot that lost its optimizer state."""
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    state = {k.removeprefix("module."): v.float() if v.is_floating_point() else v
-             for k, v in saved["state_dict"].items()}
-    return state, int(saved["config"].get("demo_voice_step", saved.get("epoch", 0)))
+    state, step, _ = common.read_export(path)
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, step
 
 
 # --------------------------------------------------------------------------

@@ -426,11 +426,10 @@ def weights_from_export(path: Path) -> tuple[dict[str, Tensor], int, dict]:
     """An export (``export``'s layout) back into the trained weights
     (``trained_state``'s names, fp32), with its step and config: a training
     run can start from a snapshot that lost its optimizer state."""
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    exported, step, config = common.read_export(path)
     per_layer: dict[tuple[str, str], dict[int, Tensor]] = {}
     state: dict[str, Tensor] = {}
-    for key, value in saved["state_dict"].items():
-        key = key.removeprefix("module.")
+    for key, value in exported.items():
         if key.startswith("upsample."):
             continue   # fixed; build() makes it
         key = key.replace(".weight_g", ".parametrizations.weight.original0")
@@ -443,10 +442,10 @@ def weights_from_export(path: Path) -> tuple[dict[str, Tensor], int, dict]:
             state[key] = value.float()
     for (head, what), layers in per_layer.items():
         state[f"{head}.cond_layer.{what}"] = torch.cat([layers[i] for i in sorted(layers)]).float()
-    return state, int(saved["config"].get("demo_voice_step", saved.get("epoch", 0))), saved["config"]
+    return state, step, config
 
 
-def export(model: WaveGlow, path: Path, step: int, dither: float = 0.0, objective: str = "mle") -> None:
+def export(model: WaveGlow, path: Path, step: int, objective: str) -> None:
     """DeepLearningExamples / NGC layout, fp16: {'epoch', 'config', 'state_dict'}
     with 'module.' names, weight norm as weight_g / weight_v and per-layer
     cond_layers; tts_cli.checkpoints folds and fuses them back."""
@@ -457,8 +456,7 @@ def export(model: WaveGlow, path: Path, step: int, dither: float = 0.0, objectiv
               "n_early_every": d.n_early_every, "n_early_size": d.n_early_size,
               "WN_config": {"n_layers": d.wn_layers, "kernel_size": d.wn_kernel,
                             "n_channels": d.wn_channels},
-              "sigma": SIGMA, "demo_voice_step": step, "demo_voice_dither": dither,
-              "demo_voice_objective": objective}
+              "sigma": SIGMA, "demo_voice_step": step, "demo_voice_objective": objective}
     common.save_checkpoint(path, compressed=True, epoch=step, config=config, state_dict=state)
 
 
@@ -488,6 +486,9 @@ def train(args) -> dict:
         state, step, _ = weights_from_export(args.init_from)
         load_trained(model, state)
         log.write(event="started from export", path=str(args.init_from), step=step, optimizer="fresh")
+    else:
+        log.write(event="start", trained_parameters=sum(p.numel() for p in trainable(model)),
+                  utterances=len(data), objective=args.objective)
     parameters = trainable(model)   # the same for every objective
     optimizer = torch.optim.Adam(parameters, lr=args.lr, capturable=captured)
     if saved_optimizer is not None:
@@ -495,9 +496,6 @@ def train(args) -> dict:
     # Only the likelihood needs the dither (see AudioSegments.batch); the
     # spectral objective compares spectra of the clean audio.
     dither = 0.0 if args.objective == "spectral" else args.dither
-    if saved is None:
-        log.write(event="start", trained_parameters=sum(p.numel() for p in parameters),
-                  utterances=len(data), objective=args.objective)
     last_save = budget.elapsed()
 
     check = HeldOutCheck(args.data, args.device) if args.check else None
@@ -507,7 +505,7 @@ def train(args) -> dict:
         common.require_finite(parameters, step, out / "checkpoint.pt")
         common.save_checkpoint(out / "checkpoint.pt", model=trained_state(model),
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                               step=step, dims=asdict(dims), dither=dither, objective=args.objective)
+                               step=step, dims=asdict(dims))
         if check is not None:
             log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model),
                       **common.gpu_memory(args.device))
@@ -596,7 +594,7 @@ def train(args) -> dict:
             last_save = budget.elapsed()
     save()
     model.eval()
-    export(model, out / "demo_waveglow.pt", step, dither, args.objective)
+    export(model, out / "demo_waveglow.pt", step, args.objective)
     log.write(event="saved", step=step, seconds=round(budget.elapsed(), 1))
     return {"step": step, "loss": float(loss.detach())}
 
