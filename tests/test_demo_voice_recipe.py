@@ -420,7 +420,8 @@ def test_spectral_loss_is_zero_for_the_target_and_grows_with_the_difference():
 
 def test_spectral_training_brings_copy_synthesis_closer_to_the_held_out_audio(tone_data, tmp_path):
     out = tmp_path / "wg"
-    assert _train_wg(tone_data, out, 40, "--save-every-minutes", "0.001", "--lr", "3e-3") == 0
+    assert _train_wg(tone_data, out, 40, "--save-every-minutes", "0.001", "--lr", "3e-3",
+                     "--objective", "spectral") == 0
     checks = [r["heldout_mel_l1"] for r in _log(out) if "heldout_mel_l1" in r]
     losses = [r["loss"] for r in _log(out) if "loss" in r]
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
@@ -432,7 +433,7 @@ def test_a_waveglow_run_starts_from_an_export_with_its_weights_and_step(tone_dat
     assert _train_wg(tone_data, first, 3) == 0
     state, step, config = train_waveglow.weights_from_export(first / "demo_waveglow.pt")
     trained = torch.load(first / "checkpoint.pt", weights_only=False)["model"]
-    assert step == 3 and config["demo_voice_objective"] == "spectral"
+    assert step == 3 and config["demo_voice_objective"] == "mle"   # a new run's default
     assert state.keys() == trained.keys()
     for key, value in trained.items():
         torch.testing.assert_close(state[key], value, atol=2e-3, rtol=2e-3)
@@ -498,9 +499,10 @@ def _train_wg(data, out, steps, *more):
 def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_path, objective):
     out = tmp_path / "wg"
     _train_wg(tone_data, out, 2, "--objective", objective)
-    _train_wg(tone_data, out, 3, "--objective", objective)
+    _train_wg(tone_data, out, 3)   # a resumed run keeps its objective
     log = _log(out)
     assert {"event": "resumed", "step": 2, "objective": objective} in log
+    assert torch.load(out / "demo_waveglow.pt", weights_only=True)["config"]["demo_voice_objective"] == objective
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in log if "loss" in r)
     # Each run ends with a copy-synthesis check of a held-out clip.
@@ -526,6 +528,19 @@ def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_p
     assert audio.shape == (1, 5 * 256) and bool(torch.isfinite(audio).all())
 
 
+def test_a_resumed_run_keeps_its_model_size_and_refuses_another(tone_data, tmp_path):
+    out = tmp_path / "wg"
+    assert _train_wg(tone_data, out, 1) == 0
+    # Without --dims the checkpoint's size is used (the default size would not fit it) ...
+    assert train_waveglow.main(["--data", str(tone_data), "--out", str(out), "--max-steps", "2",
+                                "--batch-size", "2", "--segment", "2048", "--log-every", "1",
+                                "--device", "cpu"]) == 0
+    assert [r["step"] for r in _log(out) if "loss" in r] == [1, 2]
+    # ... and a --dims that contradicts it stops with a message saying so.
+    with pytest.raises(SystemExit, match="differs from the checkpoint"):
+        _train_wg(tone_data, out, 3, "--dims", TINY_WG + ",wn_layers=3")
+
+
 def test_dithered_training_audio_is_the_clean_audio_within_the_noise_and_keeps_the_clean_mel(tone_data):
     """espeak-ng's silences are exact zeros, whose likelihood a flow can raise
     without bound; the dither takes them away, and nothing else."""
@@ -545,13 +560,13 @@ def test_dithered_training_audio_is_the_clean_audio_within_the_noise_and_keeps_t
 def test_a_waveglow_step_without_a_finite_gradient_is_skipped_and_training_goes_on(tone_data, tmp_path,
                                                                                     monkeypatch):
     out = tmp_path / "wg"
-    real_loss = train_waveglow.spectral_loss
+    real_loss = train_waveglow.waveglow_loss
     calls = []
 
     def nan_at_step_2(*a, **k):   # the second training step's loss is NaN, the others are not
         calls.append(1)
         return real_loss(*a, **k) * (float("nan") if len(calls) == 2 else 1.0)
-    monkeypatch.setattr(train_waveglow, "spectral_loss", nan_at_step_2)
+    monkeypatch.setattr(train_waveglow, "waveglow_loss", nan_at_step_2)
     assert _train_wg(tone_data, out, 4) == 0
     log = _log(out)
     steps = [r for r in log if "loss" in r]
@@ -566,14 +581,14 @@ def test_a_diverged_waveglow_run_keeps_the_last_good_checkpoint_and_resumes_at_a
     out = tmp_path / "wg"
     assert _train_wg(tone_data, out, 2) == 0
     good = torch.load(out / "checkpoint.pt", weights_only=False)
-    real_loss = train_waveglow.spectral_loss
-    monkeypatch.setattr(train_waveglow, "spectral_loss", lambda *a, **k: real_loss(*a, **k) * float("nan"))
+    real_loss = train_waveglow.waveglow_loss
+    monkeypatch.setattr(train_waveglow, "waveglow_loss", lambda *a, **k: real_loss(*a, **k) * float("nan"))
     assert _train_wg(tone_data, out, 9, "--max-skipped", "3") == 3
     assert "diverged by step 5: its last 3 steps had no finite gradient" in capsys.readouterr().err
     kept = torch.load(out / "checkpoint.pt", weights_only=False)
     assert kept["step"] == 2
     assert all(torch.equal(kept["model"][k], v) for k, v in good["model"].items())
-    monkeypatch.setattr(train_waveglow, "spectral_loss", real_loss)
+    monkeypatch.setattr(train_waveglow, "waveglow_loss", real_loss)
     assert train_waveglow.main(["--data", str(tone_data), "--out", str(out), "--max-steps", "3",
                                 "--batch-size", "2", "--segment", "2048", "--dims", TINY_WG,
                                 "--device", "cpu", "--lr", "1e-5"]) == 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -123,6 +124,21 @@ def load_checkpoint(path: Path) -> dict | None:
     if not path.exists():
         return None
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def run_dims(default, overrides: dict | None, saved: dict | None):
+    """The model size of a run: the one its checkpoint was trained at when it
+    resumes (so resuming or exporting a run of another size needs no --dims
+    again), else ``default`` with --dims ``overrides``. A --dims that
+    contradicts the checkpoint is an error, not a silent choice."""
+    wanted = dataclasses.replace(default, **overrides) if overrides else default
+    if saved is None or "dims" not in saved:
+        return wanted
+    trained = type(default)(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["dims"].items()})
+    if overrides and wanted != trained:
+        raise SystemExit(f"--dims {overrides} differs from the checkpoint's model size {saved['dims']}; "
+                         "leave --dims out to resume it, or use a new --out")
+    return trained
 
 
 def read_export(path: Path) -> tuple[dict, int, dict]:

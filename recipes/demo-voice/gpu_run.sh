@@ -31,12 +31,15 @@ python3 $R/make_data.py --out runs/data --espeak "$ESPEAK" ${transcripts:+--tran
 # The mel cache is remade only when the file lists changed since it was made.
 [ runs/data/mels.pt -nt runs/data/train.psv ] || python3 $R/mel.py --data runs/data || exit 1
 echo "data ready after $(( $(date +%s) - start )) s"
+# MODELS: the trainings of this call (default both; WG_B_ARGS adds the
+# second WaveGlow). MODELS=waveglow gives WaveGlow the GPU alone.
+models=${MODELS:-tacotron2 waveglow}
 # On a fresh machine, resume from the packed checkpoints an earlier run
 # returned (carried in .resume/; see portable.py).
 # WG_B_ARGS="...": a second WaveGlow trains beside the first, in
 # runs/waveglow_b with these options (never from the snapshot: it is the
 # other arm of a comparison, measured side by side on the same GPU).
-runs_here="tacotron2 waveglow${WG_B_ARGS:+ waveglow_b}"
+runs_here="$models${WG_B_ARGS:+ waveglow_b}"
 for m in $runs_here; do
     if [ ! -f runs/$m/checkpoint.pt ] && ls .resume/$m.resume.pt.part-* >/dev/null 2>&1; then
         cat .resume/$m.resume.pt.part-* > /tmp/$m.resume.pt
@@ -63,8 +66,11 @@ train() {
     export CUDA_VISIBLE_DEVICES=$2
     local args=(--data runs/data --out runs/$run --batch-size "$3")
     # With no checkpoint (neither runs/ nor .resume/), start from the
-    # committed snapshot (the trainer reads it only then).
-    [ "$run" = "$model" ] && [ -f $R/snapshot/demo_$model.pt ] && args+=(--init-from $R/snapshot/demo_$model.pt)
+    # committed snapshot (the trainer reads it only then), for the runs
+    # named in SNAPSHOT (default both; SNAPSHOT=tacotron2 starts a WaveGlow
+    # of another objective or size from scratch).
+    [[ " ${SNAPSHOT:-tacotron2 waveglow} " == *" $run "* ]] && [ -f $R/snapshot/demo_$model.pt ] \
+        && args+=(--init-from $R/snapshot/demo_$model.pt)
     # TACOTRON2_ARGS / WAVEGLOW_ARGS / WG_B_ARGS: more options for one run (word-split)
     local extra_name="${model^^}_ARGS"
     [ "$run" = waveglow_b ] && extra_name=WG_B_ARGS
@@ -81,14 +87,20 @@ wait_for() {
     [ -n "$1" ] || return 0
     while [ ! -e "$1" ] && [ "$(left)" != 0 ]; do sleep 2; done
 }
-( wait_for "${T2_AFTER:-}"; train tacotron2 "$t2_gpu" 128 ) > runs/tacotron2.out 2>&1 &
-t2=$!
-if [ -n "${WG_B_ARGS:-}" ]; then
-    ( wait_for "${WG_AFTER:-}"; train waveglow_b "$wg_gpu" 64 ) > runs/waveglow_b.out 2>&1 &
-    wg_b=$!
+pids=()
+if [[ " $runs_here " == *" tacotron2 "* ]]; then
+    ( wait_for "${T2_AFTER:-}"; train tacotron2 "$t2_gpu" 128 ) > runs/tacotron2.out 2>&1 &
+    pids+=($!)
 fi
-( wait_for "${WG_AFTER:-}"; train waveglow "$wg_gpu" 64 ) > runs/waveglow.out 2>&1
-wait $t2 ${wg_b:-}
+# The WaveGlows' training audio (runs/data/audio.pt), read once here: two
+# trainers each reading the 12,400 WAVs took 190 s of a call.
+python3 -c "import sys, pathlib; sys.path[:0] = ['$R']; import train_waveglow as w; w.AudioSegments.read_clips(pathlib.Path('runs/data'))" || exit 1
+for run in waveglow waveglow_b; do
+    [[ " $runs_here " == *" $run "* ]] || continue
+    ( wait_for "${WG_AFTER:-}"; train $run "$wg_gpu" 64 ) > runs/$run.out 2>&1 &
+    pids+=($!)
+done
+wait "${pids[@]}"
 for m in $runs_here; do tail -n 4 runs/$m.out; done
 # What comes back (at most 8 files of 16 MiB): the logs (one tar), and the
 # checkpoints packed for the next run (carry them as .resume/); the exports

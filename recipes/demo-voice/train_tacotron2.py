@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import OrderedDict
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -512,13 +512,13 @@ def train(args) -> dict:
     out: Path = args.out
     log = common.Log(out)
     budget = common.Budget(args.minutes)
-    dims = replace(DEMO_DIMS, **args.dims) if args.dims else DEMO_DIMS
+    saved = common.load_checkpoint(out / "checkpoint.pt")
+    dims = common.run_dims(DEMO_DIMS, args.dims, saved)
     data = Dataset(args.data, args.max_frames)
     captured = common.use_graphs(args)
     model, optimizer = build(dims, args.device, args.lr, captured)
     scaler = common.grad_scaler(args.device, args.precision)
     step = 0
-    saved = common.load_checkpoint(out / "checkpoint.pt")
     if saved is not None:
         model.load_state_dict(saved["model"])
         common.restore_optimizer(optimizer, saved["optimizer"], captured, args.lr)

@@ -28,12 +28,14 @@ Objective (``--objective``):
   noise at the inference sigma (0.666) and a segment's mel into audio, and
   the loss is a multi-resolution STFT distance to the segment's own audio
   (spectral convergence plus log-magnitude L1 at three FFT sizes, as Parallel
-  WaveGAN's). The default since the thirteenth session, which trained the
-  snapshot with it. It matches spectra four times sooner than the
-  likelihood, but what it learnt by 10,870 steps is to shape its noise into
-  the envelope, unvoiced, and its words are worse (recipe README).
+  WaveGAN's). The thirteenth session trained with it. It matches spectra
+  four times sooner than the likelihood, but what it learnt by 10,870 steps
+  is to shape its noise into the envelope, unvoiced, and its words are worse
+  (recipe README).
 * ``mle`` is the reference's likelihood (``WaveGlowLoss``), which the first
-  twelve sessions trained.
+  twelve sessions trained; a new run's default again since the fourteenth.
+  A resumed run keeps the objective (and the model size) it was trained
+  with unless ``--objective`` says otherwise.
 * ``hybrid`` is the sum of both (``--spectral-weight``), not measured yet:
   the likelihood makes each coupling predict real audio from real audio,
   voicing included, and the spectral term is meant to shape what sampling
@@ -57,7 +59,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -299,15 +301,16 @@ class AudioSegments:
     draws random segments and computes their mels on the device."""
 
     def __init__(self, data: Path, device: str):
-        self.clips = self._load(data)
+        self.clips = self.read_clips(data)
         self.device = device
         self.mel = MelExtractor(MelSettings()).to(device)
 
     @staticmethod
-    def _load(data: Path) -> list[Tensor]:
+    def read_clips(data: Path) -> list[Tensor]:
         """The training clips, read once into data/audio.pt: every later run
         (one per 10-minute piece) then loads one file in seconds instead of
-        thousands of WAVs."""
+        thousands of WAVs. gpu_run.sh makes the file before two WaveGlows
+        start side by side (each making it took 190 s, not 25)."""
         uids = [uid for uid, _ in read_filelist(data / "train.psv")]
         cache = data / "audio.pt"
         if cache.exists():
@@ -468,34 +471,40 @@ def train(args) -> dict:
     out: Path = args.out
     log = common.Log(out)
     budget = common.Budget(args.minutes)
-    dims = replace(DEMO_DIMS, **args.dims) if args.dims else DEMO_DIMS
+    saved = common.load_checkpoint(out / "checkpoint.pt")
+    dims = common.run_dims(DEMO_DIMS, args.dims, saved)
     data = AudioSegments(args.data, args.device)
     log.write(event="audio loaded", clips=len(data), seconds=round(budget.elapsed(), 1))
     model = build(dims, args.seed).to(args.device).train()
     captured = common.use_graphs(args)
     scaler = common.grad_scaler(args.device, args.precision)
-    spectral = args.objective in ("spectral", "hybrid")
     step, saved_optimizer = 0, None
-    saved = common.load_checkpoint(out / "checkpoint.pt")
+    # The objective: --objective, else the one the run (or the export it
+    # starts from) trained with, else the likelihood.
     if saved is not None:
         load_trained(model, saved["model"])
         scaler.load_state_dict(saved["scaler"])
         step, saved_optimizer = saved["step"], saved["optimizer"]
-        log.write(event="resumed", step=step, objective=args.objective)
+        objective_name = args.objective or saved.get("objective", "mle")
+        log.write(event="resumed", step=step, objective=objective_name)
     elif args.init_from is not None:
-        state, step, _ = weights_from_export(args.init_from)
+        state, step, config = weights_from_export(args.init_from)
         load_trained(model, state)
-        log.write(event="started from export", path=str(args.init_from), step=step, optimizer="fresh")
+        objective_name = args.objective or config.get("demo_voice_objective", "mle")
+        log.write(event="started from export", path=str(args.init_from), step=step, optimizer="fresh",
+                  objective=objective_name)
     else:
+        objective_name = args.objective or "mle"
         log.write(event="start", trained_parameters=sum(p.numel() for p in trainable(model)),
-                  utterances=len(data), objective=args.objective)
+                  utterances=len(data), objective=objective_name)
+    spectral = objective_name in ("spectral", "hybrid")
     parameters = trainable(model)   # the same for every objective
     optimizer = torch.optim.Adam(parameters, lr=args.lr, capturable=captured)
     if saved_optimizer is not None:
         common.restore_optimizer(optimizer, saved_optimizer, captured, args.lr)
     # Only the likelihood needs the dither (see AudioSegments.batch); the
     # spectral objective compares spectra of the clean audio.
-    dither = 0.0 if args.objective == "spectral" else args.dither
+    dither = 0.0 if objective_name == "spectral" else args.dither
     last_save = budget.elapsed()
 
     check = HeldOutCheck(args.data, args.device) if args.check else None
@@ -505,7 +514,7 @@ def train(args) -> dict:
         common.require_finite(parameters, step, out / "checkpoint.pt")
         common.save_checkpoint(out / "checkpoint.pt", model=trained_state(model),
                                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                               step=step, dims=asdict(dims))
+                               step=step, dims=asdict(dims), objective=objective_name)
         if check is not None:
             log.write(step=step, seconds=round(budget.elapsed(), 1), **check(model),
                       **common.gpu_memory(args.device))
@@ -527,13 +536,13 @@ def train(args) -> dict:
 
     def objective(inputs: dict[str, Tensor]) -> Tensor:
         loss = torch.zeros((), device=args.device)
-        if args.objective in ("mle", "hybrid"):
+        if objective_name in ("mle", "hybrid"):
             z, log_s, log_det = flow_forward(model, inputs["audio"], inputs["mel"], args.precision)
             loss = loss + waveglow_loss(z, log_s, log_det)
         if spectral:
             w_inverse = inverse_1x1([inv.conv.weight.squeeze(2) for inv in model.convinv])
             audio = flow_inverse(model, w_inverse, inputs["mel"], inputs["noise"], args.precision)
-            weight = args.spectral_weight if args.objective == "hybrid" else 1.0
+            weight = args.spectral_weight if objective_name == "hybrid" else 1.0
             loss = loss + weight * spectral_loss(audio, inputs["clean_audio"], windows)
         return loss
 
@@ -594,7 +603,7 @@ def train(args) -> dict:
             last_save = budget.elapsed()
     save()
     model.eval()
-    export(model, out / "demo_waveglow.pt", step, args.objective)
+    export(model, out / "demo_waveglow.pt", step, objective_name)
     log.write(event="saved", step=step, seconds=round(budget.elapsed(), 1))
     return {"step": step, "loss": float(loss.detach())}
 
@@ -603,10 +612,11 @@ def parse_args(argv: list[str] | None):
     p = common.training_arguments(__doc__.split("\n\n")[0], "folder made by make_data.py",
                                   {"max_steps": 10_000_000, "batch_size": 32, "lr": 2e-4, "log_every": 200})
     p.add_argument("--segment", type=int, default=SEGMENT)
-    p.add_argument("--objective", choices=("spectral", "mle", "hybrid"), default="spectral",
-                   help="spectral: the inverse flow from noise at sigma 0.666 to audio, scored by a "
-                        "multi-resolution STFT distance; mle: the reference's likelihood; hybrid: "
-                        "the likelihood plus --spectral-weight times the spectral loss")
+    p.add_argument("--objective", choices=("spectral", "mle", "hybrid"), default=None,
+                   help="mle: the reference's likelihood (a new run's default); spectral: the inverse "
+                        "flow from noise at sigma 0.666 to audio, scored by a multi-resolution STFT "
+                        "distance; hybrid: the likelihood plus --spectral-weight times the spectral "
+                        "loss. A resumed run keeps its own unless this is given")
     p.add_argument("--spectral-weight", type=float, default=0.1,
                    help="hybrid objective: weight of the spectral loss beside the likelihood (at 0.1 "
                         "their gradients start about equal: 26.2 and 2.96 for a fresh model)")
