@@ -23,6 +23,12 @@ Two steps, so the speech recognizer need not travel to the GPU machine:
            its longest stall, the share of symbols it visits, and how peaked
            it is; ``OUT/attention.json``. Tells an alignment that loops or
            skips from frames that go wrong on a sound path.
+``render`` no model: espeak-ng's own mels of the same lines rendered without a
+           vocoder (``--rendering``: Griffin-Lim from the filterbank's
+           pseudo-inverse; sine carriers at the 80 band centres; or the
+           harmonics of 22050/256 = 86.13 Hz, the only carriers a WaveGlow's
+           frame-periodic upsampler could make), same layout: scored, it
+           tells what the mel alone lets the recognizer hear.
 ``score``  gate stop rate; each line's duration against espeak-ng's WAV of the
            same line; and, when faster-whisper is installed, the word error
            rate of both the demo voice and espeak-ng under the same recognizer
@@ -48,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from mel import MelExtractor, read_filelist, read_wav
+from mel import MelExtractor, MelSettings, hz_to_mel, mel_filterbank, mel_to_hz, read_filelist, read_wav
 from tts_cli import checkpoints
 from tts_cli import text as frontend
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
@@ -186,6 +192,68 @@ def _from_espeak_mels(args, waveglow: WaveGlow, to_mel, about: dict) -> dict:
         write_clip(wavs / f"{uid}.wav", clip)
         lines[uid] = clip_record(clip, n, True)
     record = {**about, "seconds": round(time.time() - start, 1), "device": args.device, "lines": lines}
+    (args.out / "synth.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+# --------------------------------------------------------------------------
+# render
+
+
+RENDERINGS = ("griffin-lim", "band-carriers", "harmonic-carriers")
+
+
+def render_mel(log_mel: torch.Tensor, samples: int, rendering: str, iterations: int = 64) -> torch.Tensor:
+    """A log mel (80, frames) as audio without a vocoder, at an arbitrary
+    level (``render`` matches each clip's rms to espeak-ng's)."""
+    s = MelSettings()
+    bank = mel_filterbank(s)
+    magnitude = (torch.linalg.pinv(bank) @ log_mel.exp()).clamp(min=0.0)   # (513, frames)
+    window = torch.hann_window(s.win_length, periodic=True)
+    g = torch.Generator().manual_seed(0)
+    if rendering == "griffin-lim":
+        phase = torch.exp(2j * torch.pi * torch.rand(magnitude.shape, generator=g))
+        for _ in range(iterations):
+            audio = torch.istft(magnitude * phase, s.filter_length, s.hop_length, s.win_length, window,
+                                length=samples)
+            spec = torch.stft(audio, s.filter_length, s.hop_length, s.win_length, window, return_complex=True)
+            phase = spec / spec.abs().clamp(min=1e-8)
+        return torch.istft(magnitude * phase, s.filter_length, s.hop_length, s.win_length, window,
+                           length=samples)
+    if rendering == "band-carriers":
+        edges = mel_to_hz(torch.linspace(float(hz_to_mel(torch.tensor(s.fmin))),
+                                         float(hz_to_mel(torch.tensor(s.fmax))), s.n_mel + 2)).float()
+        hz = edges[1:-1]
+        amplitude = log_mel.exp() * (edges[2:] - edges[:-2])[:, None]   # undo the bands' equal areas
+    elif rendering == "harmonic-carriers":
+        # Harmonic m of sampling_rate / hop is FFT bin m * filter_length / hop.
+        per_bin = s.filter_length // s.hop_length
+        m = torch.arange(1, magnitude.shape[0] // per_bin + 1)
+        m = m[m * s.sampling_rate / s.hop_length <= s.fmax]
+        hz = m.float() * s.sampling_rate / s.hop_length
+        amplitude = magnitude[m * per_bin]
+    else:
+        raise ValueError(f"unknown rendering {rendering!r}; one of {RENDERINGS}")
+    envelope = torch.nn.functional.interpolate(amplitude[None], size=samples, mode="linear")[0]
+    t = torch.arange(samples, dtype=torch.float64)
+    phase0 = 2 * torch.pi * torch.rand(len(hz), 1, generator=g, dtype=torch.float64)
+    carriers = torch.cos(2 * torch.pi * hz[:, None].double() * t / s.sampling_rate + phase0).float()
+    return (envelope * carriers).sum(0)
+
+
+def render(args) -> dict:
+    extract = MelExtractor()
+    wavs = args.out / "wavs"
+    wavs.mkdir(parents=True, exist_ok=True)
+    lines = {}
+    for uid, _ in held_out(args):
+        reference = read_wav(args.data / "wavs" / f"{uid}.wav")
+        log_mel = extract(reference)
+        clip = render_mel(log_mel, len(reference), args.rendering)
+        clip = clip * reference.pow(2).mean().sqrt() / clip.pow(2).mean().sqrt().clamp(min=1e-8)
+        write_clip(wavs / f"{uid}.wav", clip)
+        lines[uid] = clip_record(clip, log_mel.shape[1], True)
+    record = {"rendering": args.rendering, "lines": lines}
     (args.out / "synth.json").write_text(json.dumps(record, indent=1))
     return record
 
@@ -340,7 +408,7 @@ def markdown(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("step", choices=("synth", "vocode", "forced", "attention", "score"))
+    p.add_argument("step", choices=("synth", "vocode", "forced", "attention", "render", "score"))
     p.add_argument("--data", type=Path, required=True, help="folder made by make_data.py")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tacotron2", type=Path, default=Path("checkpoints/demo_tacotron2.pt"))
@@ -353,10 +421,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="bias-spectrum subtraction after WaveGlow (0: none)")
     p.add_argument("--sigma", type=float, default=SIGMA, help=f"WaveGlow's noise scale (default {SIGMA}, the CLI's)")
     p.add_argument("--lines", type=int, default=0, help="only the first N held-out lines (quick checks)")
+    p.add_argument("--rendering", choices=RENDERINGS, default="griffin-lim",
+                   help="render: how espeak-ng's mels become audio without a vocoder")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     {"synth": synth, "vocode": vocode, "forced": forced, "attention": attention,
-     "score": score}[args.step](args)
+     "render": render, "score": score}[args.step](args)
     return 0
 
 

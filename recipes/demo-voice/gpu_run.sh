@@ -112,6 +112,12 @@ for m in $runs_here; do
     python3 $R/portable.py pack runs/$m/checkpoint.pt /tmp/$m.resume.pt || exit 1
     split -b 15M /tmp/$m.resume.pt "$OUT/$m.resume.pt.part-"
 done
+# The device returns at most 64 MiB in all, and what is over it is lost
+# (the fourteenth session lost a second WaveGlow of 7.4 M parameters that
+# way: 44 MB packed, beside Tacotron2's 25 and WaveGlow's 19). Say so loudly.
+total=$(du -cb "$OUT"/* | tail -1 | cut -f1)
+[ "$total" -le $(( 64 * 1024 * 1024 )) ] || echo "WARNING: $OUT holds $total bytes, over the 64 MiB that" \
+    "comes back: some packed checkpoints will be lost; train fewer models per call (MODELS=...)"
 # EVAL=1: also speak the 100 held-out lines with the exports (seconds here,
 # ~15 minutes on a 2-core CPU); the WAVs and synth.json come back as a tar in
 # 15 MB parts for `evaluate.py score`, which runs where the recognizer is.
