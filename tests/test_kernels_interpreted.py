@@ -100,6 +100,33 @@ def _coupling_test_model(seed: int):
     return model.eval()
 
 
+def rel(a, b) -> float:
+    """Relative error of a against b (2-norms)."""
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _inverse_case(dtype_name: str, seed: int, frames: list[int]):
+    """The set-up the whole-inverse checks share: one fixed kernel config, a
+    _coupling_test_model, a batch of mels zero past each item's length, its
+    float32 inverse, and the plain torch FastWaveGlow in the dtype. Returns
+    (dtype, model, mel, frames, seeds, reference, plain)."""
+    import torch
+    from tts_cli import kernels
+    from tts_cli.waveglow_fast import FastWaveGlow
+    from tiny_models import N_MEL
+    dtype = getattr(torch, dtype_name)
+    kernels._FIXED_CONFIG = CONFIGS[1]
+    model = _coupling_test_model(seed=seed)
+    frames = torch.tensor(frames)
+    longest = int(frames.max())
+    mel = torch.randn(len(frames), N_MEL, longest) * (torch.arange(longest)[None, None, :] < frames[:, None, None])
+    seeds = torch.arange(5, 5 + len(frames))
+    with torch.inference_mode():
+        reference = model.infer(mel, frames, seeds, sigma=0.666)
+        plain = FastWaveGlow(model, dtype)
+    return dtype, model, mel, frames, seeds, reference, plain
+
+
 def coupling_errors(dtype_name: str) -> dict:
     """Relative errors (C=32, L=3, 4 flows; items of 4, 7 and 2 frames, so
     T = 224 steps) of each flow's coupling output, the matmul-fused form
@@ -107,19 +134,9 @@ def coupling_errors(dtype_name: str) -> dict:
     inverses: the matmul-fused against the plain one, and each against the
     float32 model."""
     import torch
-    from tts_cli import kernels
     from tts_cli.waveglow_fast import FastWaveGlow
-    from tiny_models import N_MEL
-    dtype = getattr(torch, dtype_name)
-    rel = lambda a, b: ((a - b).norm() / b.norm()).item()
-    kernels._FIXED_CONFIG = CONFIGS[1]
-    model = _coupling_test_model(seed=3)
-    frames = torch.tensor([4, 7, 2])
-    mel = torch.randn(3, N_MEL, 7) * (torch.arange(7)[None, None, :] < frames[:, None, None])
-    seeds = torch.tensor([5, 6, 7])
+    dtype, model, mel, frames, seeds, reference, plain = _inverse_case(dtype_name, seed=3, frames=[4, 7, 2])
     with torch.inference_mode():
-        reference = model.infer(mel, frames, seeds, sigma=0.666)
-        plain = FastWaveGlow(model, dtype)
         matmul = FastWaveGlow(model, dtype, kernels_mode="matmul")
         matmul._fused_coupling = lambda x: matmul._coupling_fused_matmul   # CPU, interpreted
         paired = matmul.with_kernels("matmul_paired")
@@ -160,19 +177,8 @@ def fused_cond_errors(dtype_name: str) -> dict:
     against the batch (3 items, 8 frames, C = 32, 3 layers, dilations to 4,
     so taps cross frames and phases and reach past items' lengths)."""
     import torch
-    from tts_cli import kernels
-    from tts_cli.waveglow_fast import FastWaveGlow
-    from tiny_models import N_MEL
-    dtype = getattr(torch, dtype_name)
-    rel = lambda a, b: ((a - b).norm() / b.norm()).item()
-    kernels._FIXED_CONFIG = CONFIGS[1]
-    model = _coupling_test_model(seed=4)
-    frames = torch.tensor([5, 8, 2])
-    mel = torch.randn(3, N_MEL, 8) * (torch.arange(8)[None, None, :] < frames[:, None, None])
-    seeds = torch.tensor([5, 6, 7])
+    dtype, model, mel, frames, seeds, reference, plain = _inverse_case(dtype_name, seed=4, frames=[5, 8, 2])
     with torch.inference_mode():
-        reference = model.infer(mel, frames, seeds, sigma=0.666)
-        plain = FastWaveGlow(model, dtype)
         fused = plain.with_kernels("matmul_fused_cond")
         fused._fused_coupling = lambda x: fused._coupling_fused_cond   # CPU, interpreted
         got_plain = plain.infer(mel, frames, seeds, 0.666)
