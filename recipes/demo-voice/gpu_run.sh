@@ -10,7 +10,8 @@
 # the logs (logs.tar) and packed checkpoints under $OUT (in 15 MB parts: the
 # device returns files of at most 16 MiB). Copy the parts into .resume/ here;
 # the next run carries them. WG_B_ARGS="..." trains a second WaveGlow beside
-# the first (runs/waveglow_b), for comparisons.
+# the first (runs/waveglow_b), for comparisons; MODELS="waveglow" leaves
+# Tacotron2 out (see the recipe README's run plan for the other variables).
 # With EVAL=1 in the environment it then also synthesizes the held-out lines.
 set -uo pipefail
 minutes=${1:?minutes}
@@ -94,7 +95,9 @@ if [[ " $runs_here " == *" tacotron2 "* ]]; then
 fi
 # The WaveGlows' training audio (runs/data/audio.pt), read once here: two
 # trainers each reading the 12,400 WAVs took 190 s of a call.
-python3 -c "import sys, pathlib; sys.path[:0] = ['$R']; import train_waveglow as w; w.AudioSegments.read_clips(pathlib.Path('runs/data'))" || exit 1
+if [[ " $runs_here " == *" waveglow"* ]]; then
+    python3 -c "import sys, pathlib; sys.path[:0] = ['$R']; import train_waveglow as w; w.AudioSegments.read_clips(pathlib.Path('runs/data'))" || exit 1
+fi
 for run in waveglow waveglow_b; do
     [[ " $runs_here " == *" $run "* ]] || continue
     ( wait_for "${WG_AFTER:-}"; train $run "$wg_gpu" 64 ) > runs/$run.out 2>&1 &
