@@ -24,15 +24,15 @@ mel channel c, up to h = 80, 6.9 kHz):
   and averages the channel of harmonic h's band over the step, giving its
   log mel L.
 * **WN layers**: one gate per harmonic and phase, tanh(EPS x carrier) x
-  sigmoid(L + GAMMA); tanh is linear at that size, and sigmoid(L - 4) is
-  about exp(L - 4), the band's magnitude. No audio input is read (start and
+  sigmoid(L + GAMMA); tanh is about linear at that size, and sigmoid(L - 2.5)
+  is about exp(L - 2.5), the band's magnitude. No audio input is read (start and
   dilated convolutions are zero).
 * **Skip and end layers**: each gate goes to the 4 samples of the step its
   flow writes, as cos / sin of harmonic h at that sample's offset, scaled
   by half the band's width (the filterbank gives each band the same area)
   and by a level that matches espeak-ng's loudness. The end layer sets log s
-  to S = 7 and the shift to -e^S times that sum, so the inverse coupling
-  (z - shift) / e^S returns the sum with the noise scaled by e^-7.
+  to S = 6 and the shift to -e^S times that sum, so the inverse coupling
+  (z - shift) / e^S returns the sum with the noise scaled by e^-6.
 * **1x1 convolutions**: the second flow's swaps the halves (it writes
   samples 0-3), the first's is the identity (it writes samples 4-7).
 
@@ -59,9 +59,12 @@ from tts_cli.waveglow import WaveGlow, WaveGlowDims
 DIMS = WaveGlowDims(n_mel=80, n_flows=2, n_group=8, n_early_every=2, n_early_size=0, wn_layers=2,
                     wn_channels=80, wn_kernel=3, upsample_kernel=1024, hop_length=256)
 HARMONICS = 80       # one per mel channel: 86 Hz .. 6.9 kHz
-LOG_S = 7.0          # the inverse coupling scales the noise by e^-7
-EPS = 0.03           # tanh's input stays below ~0.35, where it is linear within 4 %
-GAMMA = -4.0         # sigmoid(L - 4) ~ exp(L - 4) for log mels up to ~1 (the data's top is 1.1)
+LOG_S = 6.0          # the inverse coupling scales the noise by e^-6 (-34 dB under the voice)
+EPS = 0.06           # tanh's input is ~0.3 in speech (mean log mel ~ -5), where it is linear within 3 %
+GAMMA = -2.5         # sigmoid(L - 2.5) ~ exp(L - 2.5), 20 % under it at the data's loudest (L = 1.1)
+# fp16 (the GPU engine's default) folds the end and skip layers into one
+# product, e^LOG_S x the largest gain: 15,600 here, under fp16's 65,504. At
+# LOG_S = 7, EPS = 0.03, GAMMA = -4 it was 375,000, and every sample was NaN.
 PHASE_SEED = 0       # the harmonics' fixed phases (random: a pulse train is harsher, 28 % WER)
 
 
