@@ -70,7 +70,7 @@ PHASE_SEED = 0       # the harmonics' fixed phases (random: a pulse train is har
 
 def step_patterns(group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Two orthonormal within-step patterns orthogonal to a constant and a
-    ramp (the interpolated envelope inside one step)."""
+    ramp (the envelope, held constant inside a step, cannot leak into them)."""
     j = torch.arange(group, dtype=torch.float64)
     q, _ = torch.linalg.qr(torch.stack([torch.ones(group), j, j ** 2, j ** 3], 1))
     return q[:, 2], q[:, 3]
