@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 import common
-from mel import MelExtractor, MelSettings, hz_to_mel, mel_to_hz, read_filelist, read_wav
+from mel import MelExtractor, MelSettings, band_edges, read_filelist, read_wav
 from tts_cli.waveglow import WaveGlow, WaveGlowDims
 
 DIMS = WaveGlowDims(n_mel=80, n_flows=2, n_group=8, n_early_every=2, n_early_size=0, wn_layers=2,
@@ -78,8 +78,7 @@ def step_patterns(group: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def harmonic_bands(s: MelSettings = MelSettings()) -> tuple[torch.Tensor, torch.Tensor]:
     """Each harmonic's band (the nearest centre) and that band's width in Hz."""
-    edges = mel_to_hz(torch.linspace(float(hz_to_mel(torch.tensor(s.fmin))),
-                                     float(hz_to_mel(torch.tensor(s.fmax))), s.n_mel + 2))
+    edges = band_edges(s)
     centres, widths = edges[1:-1], edges[2:] - edges[:-2]
     hz = torch.arange(1, HARMONICS + 1, dtype=torch.float64) * s.sampling_rate / s.hop_length
     band = (hz[:, None] - centres[None]).abs().argmin(1)

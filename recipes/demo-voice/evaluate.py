@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from mel import MelExtractor, MelSettings, hz_to_mel, mel_filterbank, mel_to_hz, read_filelist, read_wav
+from mel import MelExtractor, MelSettings, band_edges, mel_filterbank, read_filelist, read_wav
 from tts_cli import checkpoints
 from tts_cli import text as frontend
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
@@ -221,8 +221,7 @@ def render_mel(log_mel: torch.Tensor, samples: int, rendering: str, iterations: 
         return torch.istft(magnitude * phase, s.filter_length, s.hop_length, s.win_length, window,
                            length=samples)
     if rendering == "band-carriers":
-        edges = mel_to_hz(torch.linspace(float(hz_to_mel(torch.tensor(s.fmin))),
-                                         float(hz_to_mel(torch.tensor(s.fmax))), s.n_mel + 2)).float()
+        edges = band_edges(s).float()
         hz = edges[1:-1]
         amplitude = log_mel.exp() * (edges[2:] - edges[:-2])[:, None]   # undo the bands' equal areas
     elif rendering == "harmonic-carriers":

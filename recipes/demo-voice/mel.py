@@ -64,6 +64,14 @@ def mel_to_hz(mel: Tensor) -> Tensor:
     return torch.where(mel >= _MIN_LOG_MEL, log_part, mel * _F_SP)
 
 
+def band_edges(s: MelSettings = MelSettings()) -> Tensor:
+    """The n_mel + 2 band edges in Hz (float64), equally spaced in mel from
+    fmin to fmax: band i rises from edge i, peaks at i + 1, ends at i + 2."""
+    return mel_to_hz(torch.linspace(float(hz_to_mel(torch.tensor(s.fmin))),
+                                    float(hz_to_mel(torch.tensor(s.fmax))),
+                                    s.n_mel + 2, dtype=torch.float64))
+
+
 def mel_filterbank(s: MelSettings = MelSettings()) -> Tensor:
     """(n_mel, filter_length // 2 + 1) float32 triangles, Slaney-normalised.
 
@@ -72,9 +80,7 @@ def mel_filterbank(s: MelSettings = MelSettings()) -> Tensor:
     scaled by 2 / (its width in Hz), so every band has the same area.
     """
     fft_hz = torch.linspace(0.0, s.sampling_rate / 2, s.filter_length // 2 + 1, dtype=torch.float64)
-    edges = mel_to_hz(torch.linspace(float(hz_to_mel(torch.tensor(s.fmin))),
-                                     float(hz_to_mel(torch.tensor(s.fmax))),
-                                     s.n_mel + 2, dtype=torch.float64))
+    edges = band_edges(s)
     widths = edges[1:] - edges[:-1]
     ramps = edges[:, None] - fft_hz[None, :]
     rising = -ramps[:-2] / widths[:-1, None]
