@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import make_data  # noqa: E402
 import mel  # noqa: E402
 import train_tacotron2  # noqa: E402
 import train_waveglow  # noqa: E402
+import word_timings  # noqa: E402
 from tts_cli import checkpoints  # noqa: E402
 from tts_cli import waveglow as waveglow_module  # noqa: E402
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode  # noqa: E402
@@ -138,6 +140,14 @@ def _tone_data(folder: Path, lines: list[tuple[str, str]], seconds: float = 0.4)
     make_data.write_filelist(folder / "train.psv", lines[:-1])
     make_data.write_filelist(folder / "heldout.psv", lines[-1:])
     mel.cache_mels(folder, "cpu")
+    # word starts in word_timings.py's layout: the words spread evenly over each tone
+    starts = {}
+    for n, (uid, text) in enumerate(lines):
+        samples = int(SR * (seconds + 0.1 * n))
+        firsts = [i for i, c in enumerate(text) if c != " " and (i == 0 or text[i - 1] == " ")]
+        starts[uid] = torch.tensor([(c, k * samples // len(firsts)) for k, c in enumerate(firsts)]
+                                   + [(len(text), samples)])
+    torch.save(starts, folder / "word_starts.pt")
     return folder
 
 
@@ -225,16 +235,25 @@ def test_step_padded_to_a_bucket_has_the_eager_steps_losses_and_gradients(monkey
     torch.manual_seed(2)
     mels = torch.randn(2, 80, 9) * (torch.arange(9) < mel_lengths[:, None])[:, None, :]
 
-    def loss_and_grads(ids, mels, static, frames, guide):
+    # a words guide path, padded (as CapturedSteps does) with zeros past each line
+    centres = torch.tensor([[0, 0, 1, 1, 2, 3, 3, 4, 4.5], [0, 0.5, 1, 1.5, 2, 2.5, 0, 0, 0]])
+    widths = torch.tensor([3.0, 3.0])
+
+    def loss_and_grads(ids, mels, static, frames, guide, path):
         model.zero_grad()
         out = train_tacotron2.forward(model, ids, lengths, mels, mel_lengths, static=static)
-        parts = train_tacotron2.losses(out, mels, lengths, mel_lengths, guide, frames=frames)
+        parts = train_tacotron2.losses(out, mels, lengths, mel_lengths, guide, frames=frames,
+                                       guide_path=path)
         parts["total"].backward()
         return parts["total"].detach(), [p.grad.clone() for p in model.parameters()]
 
-    eager = loss_and_grads(ids, mels, False, None, 0.5)
+    eager = loss_and_grads(ids, mels, False, None, 0.5, (centres, widths))
     padded = loss_and_grads(torch.nn.functional.pad(ids, (0, 4)), torch.nn.functional.pad(mels, (0, 7)),
-                            True, torch.tensor(9.0), torch.tensor(0.5))
+                            True, torch.tensor(9.0), torch.tensor(0.5),
+                            (torch.nn.functional.pad(centres, (0, 7)), widths))
+    assert eager[0] > train_tacotron2.losses(
+        train_tacotron2.forward(model, ids, lengths, mels, mel_lengths), mels, lengths, mel_lengths,
+        0.0)["total"]   # the guide is in the total
     torch.testing.assert_close(padded[0], eager[0], atol=1e-6, rtol=1e-5)
     for a, b in zip(padded[1], eager[1]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
@@ -629,6 +648,83 @@ def test_the_guided_attention_loss_is_the_share_of_attention_off_the_diagonal():
     for on_diagonal, at_end in costs.values():
         assert on_diagonal < 0.01 and 0.5 < at_end < 0.9
     assert costs[20][1] == pytest.approx(costs[200][1], rel=0.1)
+
+
+def test_each_frames_character_follows_espeaks_word_starts():
+    # "ab cd" spoken as: "ab" from sample 0, a pause, "cd" from sample 2560
+    # (frame 10) to 3840 (frame 15): the guide looks at "a" first, reaches
+    # "c" exactly when espeak-ng starts saying it and the end with the audio.
+    starts = torch.tensor([[0, 0], [3, 2560], [5, 3840]])
+    at = word_timings.character_at_frames(starts, 18)
+    assert at[0] == 0 and at[10] == 3 and at[15] == 5 and at[17] == 5
+    assert torch.all(at[1:] >= at[:-1])
+    assert at[5] == pytest.approx(1.5)       # halfway through "ab " (and its pause)
+
+
+def test_the_words_guide_follows_the_speech_where_the_diagonal_is_wrong():
+    # A line whose first word is drawn out (half the frames on 2 of its 20
+    # characters): attention on espeak-ng's path costs little under the words
+    # guide and much under the diagonal; straight diagonal attention, the other
+    # way round.
+    from train_tacotron2 import WORD_GUIDE_WIDTH, guided_attention_loss
+    frames, n_text = 100, 20
+    starts = torch.tensor([[0, 0], [2, 50 * 256], [n_text, 100 * 256]])
+    path = word_timings.character_at_frames(starts, frames)
+    lengths, mel_lengths = torch.tensor([n_text]), torch.tensor([frames])
+
+    def attending(where: torch.Tensor) -> torch.Tensor:
+        return F.one_hot(where.round().long().clamp(max=n_text - 1), n_text).float()[None]
+
+    words = (path[None], torch.tensor([WORD_GUIDE_WIDTH]))
+    on_path, diagonal = attending(path), attending(torch.arange(frames) * n_text / frames)
+    cost = {(a, g): float(guided_attention_loss(align, lengths, mel_lengths, *guide))
+            for a, align in (("path", on_path), ("diagonal", diagonal))
+            for g, guide in (("words", words), ("diagonal", (None, None)))}
+    assert cost["path", "words"] < 0.02 and cost["diagonal", "diagonal"] < 0.02
+    assert cost["diagonal", "words"] > 0.3 and cost["path", "diagonal"] > 0.3
+
+
+def test_the_words_guide_never_fades_and_the_diagonal_fades_out():
+    assert train_tacotron2.guide_weight_at(50_000, 1.0, None) == 1.0
+    assert train_tacotron2.guide_weight_at(4000, 1.0, 8000) == 0.5
+    assert train_tacotron2.guide_weight_at(9000, 1.0, 8000) == 0.0
+
+
+def test_training_with_the_words_guide_says_how_to_make_the_word_starts(tone_data, tmp_path):
+    import shutil
+    data = tmp_path / "data"
+    shutil.copytree(tone_data, data)
+    (data / "word_starts.pt").unlink()
+    with pytest.raises(SystemExit, match="run word_timings.py --data"):
+        train_tacotron2.Dataset(data, guide="words")
+    assert len(train_tacotron2.Dataset(data, guide="diagonal")) == 3   # the old guide needs none
+
+
+def _espeak_library() -> str | None:
+    try:
+        return word_timings.find_library()
+    except SystemExit:
+        return None
+
+
+@pytest.mark.skipif(_espeak_library() is None, reason="espeak-ng's library is not installed here")
+def test_espeaks_library_speaks_each_line_as_the_command_line_does(tmp_path):
+    # The word starts are only right if the library's audio is the WAV's,
+    # line after line in one process (the library keeps state between lines).
+    import shutil
+    import subprocess
+    binary = os.environ.get("ESPEAK") or shutil.which("espeak-ng")
+    if binary is None:
+        pytest.skip("no espeak-ng command")
+    speaker = word_timings.Espeak("en-us", 175)
+    for n, line in enumerate(["a square enclosure, two furlongs each way.", "hi there; how are you?"]):
+        wav = tmp_path / f"{n}.wav"
+        subprocess.run([binary, "-v", "en-us", "-s", "175", "-w", str(wav), "--", line], check=True)
+        starts = speaker.word_starts(line)
+        assert int(starts[-1, 1]) == soundfile.info(str(wav)).frames
+        firsts = [i for i, c in enumerate(line) if c != " " and (i == 0 or line[i - 1] == " ")]
+        assert starts[:-1, 0].tolist() == firsts and int(starts[-1, 0]) == len(line)
+        assert torch.all(starts[1:, 1] >= starts[:-1, 1])
 
 
 def test_max_frames_keeps_only_the_short_utterances(tone_data):

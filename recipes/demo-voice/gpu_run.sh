@@ -31,6 +31,8 @@ start=$(date +%s)
 python3 $R/make_data.py --out runs/data --espeak "$ESPEAK" ${transcripts:+--transcripts "$transcripts"} || exit 1
 # The mel cache is remade only when the file lists changed since it was made.
 [ runs/data/mels.pt -nt runs/data/train.psv ] || python3 $R/mel.py --data runs/data || exit 1
+# espeak-ng's word starts, which Tacotron2's attention is guided towards (--guide words)
+[ runs/data/word_starts.pt -nt runs/data/train.psv ] || python3 $R/word_timings.py --data runs/data || exit 1
 echo "data ready after $(( $(date +%s) - start )) s"
 # MODELS: the trainings of this call (default both; WG_B_ARGS adds the
 # second WaveGlow). MODELS=waveglow gives WaveGlow the GPU alone.

@@ -20,10 +20,15 @@ from its submodules, following NVIDIA/tacotron2's ``model.py`` and
 
 Two additions. The gate's positive frames weigh ``GATE_POS_WEIGHT`` times as
 much as its negatives, so it learns to stop within a few short runs. And a
-guided-attention loss (Tachibana et al., 2017) that pushes
-the alignment towards the diagonal early on and fades out over
-``--guide-steps``. It only speeds up learning to align, which matters when the
-whole training must fit a few 10-minute GPU runs; at inference nothing changes.
+guided-attention loss (after Tachibana et al., 2017) on the attention weight
+that falls far from where each frame's symbol is. ``--guide words`` (the
+default) takes that from espeak-ng's own word timings (``word_timings.py``):
+each frame's character, within ``WORD_GUIDE_WIDTH`` characters.
+``--guide diagonal`` assumes the speech goes through the text at a constant
+rate (within a fifth of the text), as the first fifteen sessions did: that
+guide is only roughly right, so it fades out over ``--guide-steps``; the
+words guide stays on. Either only shapes what the attention learns; at
+inference nothing changes.
 
 Adam (lr 1e-3, eps 1e-6, weight decay 1e-6) and gradient clipping at 1.0, as
 the reference's hparams.py. Mixed precision through torch.autocast (bf16 by
@@ -42,6 +47,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 import common
+import word_timings
 from mel import read_filelist
 from tts_cli import text as frontend
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, Tacotron2Dims, decode
@@ -70,6 +76,13 @@ GATE_PADDING_LOGIT = 1e3   # the reference's fill for gate outputs past the end
 # uses for its stopnet.
 GATE_POS_WEIGHT = 10.0
 MAX_FRAMES = 1000          # longer utterances are left out (and none is this long at 175 wpm)
+# --guide words: how far (in characters, one standard deviation) the attention
+# may stray from the character espeak-ng is saying before it costs much. Within
+# a word the characters are taken to share its time equally, so the true spot
+# can be a few characters off a long word's; the diagonal guide's width is a
+# fifth of the line (20 characters on a line of 100).
+WORD_GUIDE_WIDTH = 3.0
+DIAGONAL_GUIDE_WIDTH = 0.2  # of the text length
 
 
 # --------------------------------------------------------------------------
@@ -236,30 +249,43 @@ def gate_bce(logits: Tensor, targets: Tensor, pos_weight: float = GATE_POS_WEIGH
     return pos_weight * targets * F.softplus(-logits) + (1 - targets) * F.softplus(logits)
 
 
+def diagonal_path(lengths: Tensor, mel_lengths: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """(centres, widths) of --guide diagonal: step t of T looks at character
+    t/T of N, within a fifth of N."""
+    t = torch.arange(steps, device=lengths.device)[None, :] / mel_lengths[:, None]
+    return t * lengths[:, None], DIAGONAL_GUIDE_WIDTH * lengths.float()
+
+
 def guided_attention_loss(alignments: Tensor, lengths: Tensor, mel_lengths: Tensor,
-                          width: float = 0.2) -> Tensor:
-    """The attention weight that falls far from the diagonal n/N = t/T, per
-    decoder step (each step's weights sum to 1, so this is in [0, 1]),
-    averaged over the valid steps. ESPnet's form averages over (step, text
-    position) cells instead (with width 0.4), which is N times weaker: ~0.01
-    beside a mel loss of ~1.3 on these lines. With that form the attention
-    here had not aligned after 1,545 steps; per step it weighs as much as
-    the mel loss early on, which a training of a few short runs needs."""
+                          centres: Tensor | None = None, widths: Tensor | None = None) -> Tensor:
+    """The attention weight that falls far from each step's character
+    (``centres``, (batch, >= steps), fractional; ``widths`` (batch,), in
+    characters; the diagonal when not given), per decoder step (each step's
+    weights sum to 1, so this is in [0, 1]), averaged over the valid steps.
+    ESPnet's form averages over (step, text position) cells instead, which is
+    N times weaker: ~0.01 beside a mel loss of ~1.3 on these lines. With
+    that form the attention here had not aligned after 1,545 steps; per step
+    it weighs as much as the mel loss early on, which a training of a few
+    short runs needs."""
     b, steps, n_text = alignments.shape
-    t = torch.arange(steps, device=alignments.device)[None, :, None] / mel_lengths[:, None, None]
-    n = torch.arange(n_text, device=alignments.device)[None, None, :] / lengths[:, None, None]
-    penalty = 1.0 - torch.exp(-((n - t) ** 2) / (2 * width ** 2))
-    valid = (t < 1.0) & (n < 1.0)
-    return (alignments.float() * penalty * valid).sum() / (t < 1.0).sum()
+    if centres is None:
+        centres, widths = diagonal_path(lengths, mel_lengths, steps)
+    n = torch.arange(n_text, device=alignments.device)[None, None, :]
+    penalty = 1.0 - torch.exp(-((n - centres[:, :steps, None]) ** 2) / (2 * widths[:, None, None] ** 2))
+    speaking = torch.arange(steps, device=alignments.device)[None, :] < mel_lengths[:, None]
+    valid = speaking[:, :, None] & (n < lengths[:, None, None])
+    return (alignments.float() * penalty * valid).sum() / speaking.sum()
 
 
 def losses(out: dict[str, Tensor], mels: Tensor, lengths: Tensor, mel_lengths: Tensor,
-           guide_weight: float | Tensor, frames: Tensor | int | None = None) -> dict[str, Tensor]:
+           guide_weight: float | Tensor, frames: Tensor | int | None = None,
+           guide_path: tuple[Tensor, Tensor] | None = None) -> dict[str, Tensor]:
     """The reference's losses: means over the batch padded to its longest
     utterance. ``frames`` is that padded length when the tensors are padded
     further (the captured steps pad to a bucket): the extra frames are zero in
     both output and target, so sums over them divided by the batch's own
-    count give exactly the means of the unpadded batch."""
+    count give exactly the means of the unpadded batch. ``guide_path``:
+    (centres, widths) for the guided attention (the diagonal when None)."""
     b, n_mel, steps = mels.shape
     count = b * (steps if frames is None else frames)
     mels = mels.float()
@@ -269,7 +295,8 @@ def losses(out: dict[str, Tensor], mels: Tensor, lengths: Tensor, mel_lengths: T
     total = mel_loss + gate_loss
     parts = {"mel": mel_loss, "gate": gate_loss}
     if isinstance(guide_weight, Tensor) or guide_weight > 0:
-        parts["guide"] = guided_attention_loss(out["alignments"], lengths, mel_lengths)
+        parts["guide"] = guided_attention_loss(out["alignments"], lengths, mel_lengths,
+                                               *(guide_path or (None, None)))
         total = total + guide_weight * parts["guide"]
     parts["total"] = total
     return parts
@@ -280,11 +307,13 @@ def losses(out: dict[str, Tensor], mels: Tensor, lengths: Tensor, mel_lengths: T
 
 
 class Dataset:
-    """Symbol ids and cached mels of the training list, padded into batches."""
+    """Symbol ids and cached mels of the training list, padded into batches,
+    and where the attention should be at each frame."""
 
-    def __init__(self, data: Path, max_frames: int = MAX_FRAMES):
+    def __init__(self, data: Path, max_frames: int = MAX_FRAMES, guide: str = "diagonal"):
         """Only utterances of at most ``max_frames`` frames (--max-frames: a
-        start on short lines, whose steps cost less, to learn to align)."""
+        start on short lines, whose steps cost less, to learn to align).
+        ``guide``: "words" reads DATA/word_starts.pt (word_timings.py)."""
         mels = torch.load(data / "mels.pt", map_location="cpu")
         rows = [(uid, line) for uid, line in read_filelist(data / "train.psv")
                 if uid in mels and mels[uid].shape[1] <= max_frames]
@@ -292,12 +321,42 @@ class Dataset:
         self.mels = [mels[uid] for uid, _ in rows]
         self.frames = [m.shape[1] for m in self.mels]
         self.n_mel = self.mels[0].shape[0]
+        self.guide = guide
+        self.characters: list[Tensor] = []   # --guide words: each frame's character
+        if guide == "words":
+            self.characters = self._characters_at_frames(data, rows)
+
+    def _characters_at_frames(self, data: Path, rows: list[tuple[str, str]]) -> list[Tensor]:
+        path = data / "word_starts.pt"
+        if not path.exists():
+            raise SystemExit(f"train_tacotron2.py: {path} is missing; run word_timings.py --data {data} "
+                             f"(or train with --guide diagonal)")
+        starts = torch.load(path)
+        characters = []
+        for (uid, line), ids, frames in zip(rows, self.ids, self.frames):
+            if uid not in starts or int(starts[uid][-1, 0]) != len(ids):
+                raise SystemExit(f"train_tacotron2.py: {path} has no word starts for {uid} as train.psv "
+                                 f"spells it ({line[:40]!r}...); run word_timings.py --data {data} again")
+            characters.append(word_timings.character_at_frames(starts[uid], frames))
+        return characters
 
     def __len__(self) -> int:
         return len(self.mels)
 
     def batch(self, items: list[int], device: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return pad_batch([self.ids[i] for i in items], [self.mels[i] for i in items], device)
+
+    def guide_path(self, items: list[int], steps: int, device: str) -> tuple[Tensor, Tensor]:
+        """(centres (batch, steps), widths (batch,)) for guided_attention_loss."""
+        lengths = torch.tensor([len(self.ids[i]) for i in items])
+        if self.guide == "diagonal":
+            centres, widths = diagonal_path(lengths, torch.tensor([self.frames[i] for i in items]), steps)
+        else:
+            centres = torch.zeros(len(items), steps)
+            for row, i in enumerate(items):
+                centres[row, : self.frames[i]] = self.characters[i]
+            widths = torch.full((len(items),), WORD_GUIDE_WIDTH)
+        return centres.to(device), widths.to(device)
 
 
 def pad_batch(ids: list[Tensor], mels: list[Tensor], device: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -365,6 +424,9 @@ class CapturedSteps:
         inputs["mel_lengths"].copy_(mel_lengths)
         inputs["frames"].fill_(mels.shape[2])
         inputs["guide"].fill_(guide)
+        centres, widths = self.data.guide_path(items, mels.shape[2], "cpu")
+        inputs["centres"].zero_()[:, : centres.shape[1]].copy_(centres)
+        inputs["widths"].copy_(widths)
         outputs = captured.replay()
         return outputs["parts"], outputs["grad_norm"]
 
@@ -373,7 +435,8 @@ class CapturedSteps:
             out = forward(self.model, inputs["ids"], inputs["lengths"], inputs["mels"],
                           inputs["mel_lengths"], static=True)
         parts = losses(out, inputs["mels"], inputs["lengths"], inputs["mel_lengths"],
-                       inputs["guide"], frames=inputs["frames"])
+                       inputs["guide"], frames=inputs["frames"],
+                       guide_path=(inputs["centres"], inputs["widths"]))
         parts["total"].backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
@@ -385,7 +448,8 @@ class CapturedSteps:
                 "lengths": torch.ones(b, dtype=torch.long, device=dev),
                 "mels": torch.zeros(b, self.data.n_mel, bucket, device=dev),
                 "mel_lengths": torch.ones(b, dtype=torch.long, device=dev),
-                "frames": torch.ones((), device=dev), "guide": torch.zeros((), device=dev)}
+                "frames": torch.ones((), device=dev), "guide": torch.zeros((), device=dev),
+                "centres": torch.zeros(b, bucket, device=dev), "widths": torch.ones(b, device=dev)}
 
 
 def warm_up_for_capture(model: Tacotron2, optimizer, data: "Dataset", order, step: int, args) -> None:
@@ -494,7 +558,8 @@ def eager_step(model, optimizer, scaler, data: "Dataset", items: list[int], guid
     ids, lengths, mels, mel_lengths = data.batch(items, args.device)
     with common.autocast(args.device, args.precision):
         out_tensors = forward(model, ids, lengths, mels, mel_lengths)
-    parts = losses(out_tensors, mels, lengths, mel_lengths, guide)
+    parts = losses(out_tensors, mels, lengths, mel_lengths, guide,
+                   guide_path=data.guide_path(items, mels.shape[2], args.device))
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(parts["total"]).backward()
     scaler.unscale_(optimizer)
@@ -504,7 +569,11 @@ def eager_step(model, optimizer, scaler, data: "Dataset", items: list[int], guid
     return parts, grad_norm
 
 
-def guide_weight_at(step: int, weight: float, steps: int) -> float:
+def guide_weight_at(step: int, weight: float, steps: int | None) -> float:
+    """``weight`` fading linearly to 0 at step ``steps`` (None: never fades;
+    0: no guide)."""
+    if steps is None:
+        return weight
     return weight * max(0.0, 1.0 - step / steps) if steps > 0 else 0.0
 
 
@@ -514,7 +583,7 @@ def train(args) -> dict:
     budget = common.Budget(args.minutes)
     saved = common.load_checkpoint(out / "checkpoint.pt")
     dims = common.run_dims(DEMO_DIMS, args.dims, saved)
-    data = Dataset(args.data, args.max_frames)
+    data = Dataset(args.data, args.max_frames, args.guide)
     captured = common.use_graphs(args)
     model, optimizer = build(dims, args.device, args.lr, captured)
     scaler = common.grad_scaler(args.device, args.precision)
@@ -582,8 +651,13 @@ def train(args) -> dict:
 def parse_args(argv: list[str] | None):
     p = common.training_arguments(__doc__.split("\n\n")[0], "folder of make_data.py + mel.py",
                                   {"max_steps": 1_000_000, "batch_size": 64, "lr": 1e-3, "log_every": 50})
+    p.add_argument("--guide", choices=("words", "diagonal"), default="words",
+                   help="where the guided attention wants each frame to look: the character espeak-ng is "
+                        "saying (DATA/word_starts.pt, from word_timings.py), or the diagonal")
     p.add_argument("--guide-weight", type=float, default=1.0)
-    p.add_argument("--guide-steps", type=int, default=8000, help="guided attention fades to 0 by then")
+    p.add_argument("--guide-steps", type=int, default=None,
+                   help="the guide fades linearly to 0 by this step (default: never with --guide words, "
+                        "8000 with --guide diagonal; 0: no guide)")
     p.add_argument("--max-frames", type=int, default=MAX_FRAMES,
                    help="train only on utterances of at most this many frames (e.g. 400 to start: "
                         "short lines align sooner and cost less per step)")
@@ -598,6 +672,8 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.guide_steps is None and args.guide == "diagonal":
+        args.guide_steps = 8000
     torch.manual_seed(args.seed)
     global compiled_step
     # Opt-in: the first step then compiles for a minute or two (cached on disk
