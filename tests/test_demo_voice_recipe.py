@@ -815,32 +815,48 @@ def _speech_like(seconds: float = 0.6) -> torch.Tensor:
     return 0.05 * source * (1 + 0.5 * torch.sin(2 * math.pi * 3 * t))
 
 
+def _mel_errors(audio: torch.Tensor, voice) -> tuple[float, float]:
+    """How far from `audio`'s log mel the mel of ``voice(log mel)`` is (level
+    matched, over the loud bands), for the audio's own mel and for a flat mel
+    of the same mean: a voice that renders the mel it is given does much
+    better with the first."""
+    log_mel = mel.MelExtractor()(audio)
+    loud = log_mel > log_mel.max() - 6   # the bands that carry the sound
+    frames = log_mel.shape[1]
+
+    def error(source: torch.Tensor) -> float:
+        clip = voice(source)
+        clip = clip * audio.pow(2).mean().sqrt() / clip.pow(2).mean().sqrt()
+        return float((mel.MelExtractor()(clip)[:, :frames] - log_mel)[loud].abs().mean())
+    return error(log_mel), error(torch.full_like(log_mel, float(log_mel.mean())))
+
+
+def _assert_periodic_in_the_hop(clip: torch.Tensor, tolerance: float) -> None:
+    """Frames 4-8 of a steady mel's audio repeat every 256 samples (the
+    harmonics of 22050/256 Hz, locked to the frame grid) and are not silent."""
+    middle = clip[4 * 256: 8 * 256]
+    assert float(middle.abs().max()) > 0.01
+    torch.testing.assert_close(middle[:256], middle[256:512], atol=tolerance * float(middle.abs().max()),
+                               rtol=0)
+
+
 @pytest.mark.parametrize("rendering", evaluate.RENDERINGS)
 def test_a_rendering_of_a_mel_has_that_mel(rendering):
     # What `render` scores stands for the mel: its own mel must be close to
     # the one it was made from (up to level, which `render` matches), much
     # closer than the same rendering of a flat mel of the same mean.
     audio = _speech_like()
-    log_mel = mel.MelExtractor()(audio)
-    loud = log_mel > log_mel.max() - 6   # the bands that carry the sound
-
-    def error(source: torch.Tensor) -> float:
-        clip = evaluate.render_mel(source, len(audio), rendering)
-        clip = clip * audio.pow(2).mean().sqrt() / clip.pow(2).mean().sqrt()
-        return float((mel.MelExtractor()(clip) - log_mel)[loud].abs().mean())
-    own = error(log_mel)
+    own, flat = _mel_errors(audio, lambda source: evaluate.render_mel(source, len(audio), rendering))
     # Measured: 0.24, 0.51, 0.72 (harmonic carriers miss the 130 Hz fine structure); flat about 1.35.
     assert own < {"griffin-lim": 0.35, "band-carriers": 0.65, "harmonic-carriers": 0.9}[rendering]
-    assert own < 0.6 * error(torch.full_like(log_mel, float(log_mel.mean())))
+    assert own < 0.6 * flat
 
 
 def test_harmonic_carriers_repeat_every_hop_as_a_waveglow_upsampler_could():
     # A steady mel rendered on the harmonics of 22050/256 Hz is periodic in
     # the hop: the carriers are locked to the frame grid.
     steady = torch.full((80, 12), -4.0)
-    clip = evaluate.render_mel(steady, 12 * 256, "harmonic-carriers")
-    middle = clip[4 * 256: 8 * 256]
-    torch.testing.assert_close(middle[:256], middle[256:512], atol=1e-4 * float(clip.abs().max()), rtol=0)
+    _assert_periodic_in_the_hop(evaluate.render_mel(steady, 12 * 256, "harmonic-carriers"), 1e-4)
 
 
 # --------------------------------------------------------------------------
@@ -867,19 +883,13 @@ def test_the_constructed_waveglow_loads_and_sings_the_mel_it_is_given(tmp_path):
     # vowel it can voice comes back as audio whose mel is close to it (0.50
     # measured): much closer than the audio of a flat mel (1.38).
     model = _constructed(tmp_path)
-    audio = _monotone_vowel()
-    log_mel = mel.MelExtractor()(audio)
-    loud = log_mel > log_mel.max() - 6
-    frames = log_mel.shape[1]
 
-    def error(source: torch.Tensor) -> float:
-        with torch.inference_mode():
-            out = model.infer(source[None], torch.tensor([frames]), torch.tensor([3]), 0.666)[0]
-        out = out * audio.pow(2).mean().sqrt() / out.pow(2).mean().sqrt()
-        return float((mel.MelExtractor()(out)[:, :frames] - log_mel)[loud].abs().mean())
-    own = error(log_mel)
+    @torch.inference_mode()
+    def sing(source: torch.Tensor) -> torch.Tensor:
+        return model.infer(source[None], torch.tensor([source.shape[1]]), torch.tensor([3]), 0.666)[0]
+    own, flat = _mel_errors(_monotone_vowel(), sing)
     assert own < 0.65
-    assert own < 0.5 * error(torch.full_like(log_mel, float(log_mel.mean())))
+    assert own < 0.5 * flat
 
 
 def test_the_constructed_waveglow_suppresses_its_noise_and_stays_silent_in_silence(tmp_path):
@@ -902,9 +912,7 @@ def test_the_constructed_waveglow_is_a_monotone_voice_locked_to_the_frames(tmp_p
     steady = torch.full((1, 80, 12), -4.0)
     with torch.inference_mode():
         audio = model.infer(steady, torch.tensor([12]), torch.tensor([1]), 0.0)[0]   # no noise
-    middle = audio[4 * 256: 8 * 256]
-    assert float(middle.abs().max()) > 0.01
-    torch.testing.assert_close(middle[:256], middle[256:512], atol=0.01 * float(middle.abs().max()), rtol=0)
+    _assert_periodic_in_the_hop(audio, 0.01)
 
 
 def test_the_level_calibration_matches_the_training_audio(tone_data):

@@ -141,6 +141,16 @@ def run_dims(default, overrides: dict | None, saved: dict | None):
     return trained
 
 
+def waveglow_config(dims) -> dict:
+    """The ``config`` of a WaveGlow export (NVIDIA's key names) for
+    ``tts_cli.waveglow.WaveGlowDims``: what ``tts_cli.checkpoints`` reads
+    the architecture from."""
+    return {"n_mel_channels": dims.n_mel, "n_flows": dims.n_flows, "n_group": dims.n_group,
+            "n_early_every": dims.n_early_every, "n_early_size": dims.n_early_size,
+            "WN_config": {"n_layers": dims.wn_layers, "kernel_size": dims.wn_kernel,
+                          "n_channels": dims.wn_channels}}
+
+
 def read_export(path: Path) -> tuple[dict, int, dict]:
     """A trainer's export (DeepLearningExamples layout): its state dict
     without the 'module.' prefix, the training step it was made at, and its

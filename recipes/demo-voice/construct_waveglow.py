@@ -156,10 +156,7 @@ def calibrate(data: Path, clips: int = 20) -> float:
 def export(model: WaveGlow, path: Path, level: float) -> None:
     """DeepLearningExamples / NGC layout, fp16 (``module.`` names; the
     conditioning layer fused, as ``tts_cli`` names it), deflated."""
-    d = model.dims
-    config = {"n_mel_channels": d.n_mel, "n_flows": d.n_flows, "n_group": d.n_group,
-              "n_early_every": d.n_early_every, "n_early_size": d.n_early_size,
-              "WN_config": {"n_layers": d.wn_layers, "kernel_size": d.wn_kernel, "n_channels": d.wn_channels},
+    config = {**common.waveglow_config(model.dims),
               "demo_voice_construction": {"harmonics": HARMONICS, "log_s": LOG_S, "eps": EPS,
                                           "gamma": GAMMA, "level": level, "phase_seed": PHASE_SEED}}
     state = {"module." + k: v.half() for k, v in model.state_dict().items()}

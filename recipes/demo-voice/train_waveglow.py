@@ -455,11 +455,8 @@ def export(model: WaveGlow, path: Path, step: int, objective: str) -> None:
     d = model.dims
     state = _per_layer_cond(_weight_norm_state(model), d)
     state = OrderedDict(("module." + k, v.half()) for k, v in state.items())
-    config = {"n_mel_channels": d.n_mel, "n_flows": d.n_flows, "n_group": d.n_group,
-              "n_early_every": d.n_early_every, "n_early_size": d.n_early_size,
-              "WN_config": {"n_layers": d.wn_layers, "kernel_size": d.wn_kernel,
-                            "n_channels": d.wn_channels},
-              "sigma": SIGMA, "demo_voice_step": step, "demo_voice_objective": objective}
+    config = {**common.waveglow_config(d), "sigma": SIGMA, "demo_voice_step": step,
+              "demo_voice_objective": objective}
     common.save_checkpoint(path, compressed=True, epoch=step, config=config, state_dict=state)
 
 
