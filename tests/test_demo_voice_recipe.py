@@ -741,6 +741,26 @@ def test_max_frames_keeps_only_the_short_utterances(tone_data):
 # Evaluation
 
 
+def test_espeaks_transcripts_are_made_once_per_recognizer(tmp_path):
+    # score transcribes espeak-ng's WAVs of a line once; another recognizer
+    # starts again (its WER would not be comparable).
+    heard = []
+
+    def recognizer(name):
+        def transcribe(path):
+            heard.append((name, path.name))
+            return f"{name} heard {path.stem}"
+        transcribe.model = name
+        return transcribe
+    rows = [("a1", "one"), ("a2", "two")]
+    first = evaluate.espeak_transcripts(tmp_path, rows, recognizer("tiny"))
+    again = evaluate.espeak_transcripts(tmp_path, rows + [("a3", "three")], recognizer("tiny"))
+    other = evaluate.espeak_transcripts(tmp_path, rows[:1], recognizer("base"))
+    assert first == [("one", "tiny heard a1"), ("two", "tiny heard a2")] == again[:2]
+    assert again[2] == ("three", "tiny heard a3") and other == [("one", "base heard a1")]
+    assert heard == [("tiny", "a1.wav"), ("tiny", "a2.wav"), ("tiny", "a3.wav"), ("base", "a1.wav")]
+
+
 def test_the_teacher_forced_evaluation_speaks_each_held_out_line_at_espeaks_length(tone_data, tmp_path):
     # evaluate.py forced: Tacotron2 fed espeak-ng's frames, then WaveGlow; each
     # clip as long as espeak-ng's mel and audible, in the layout `score` reads.
