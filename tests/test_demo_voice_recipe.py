@@ -781,6 +781,35 @@ def test_the_teacher_forced_evaluation_speaks_each_held_out_line_at_espeaks_leng
         assert record["lines"][uid]["rms"] > 0
 
 
+def test_the_forced_evaluation_with_another_lines_text_keeps_the_mels_and_changes_the_text(
+        tone_data, tmp_path, monkeypatch):
+    # --other-text: the same espeak-ng frames teacher-forced, each line given
+    # the next line's text; the clips keep their own lines' lengths.
+    _train_t2(tone_data, tmp_path / "t2", 1)
+    _train_wg(tone_data, tmp_path / "wg", 1)
+    import shutil
+    data = tmp_path / "data"   # two held-out lines (the fixture holds out one)
+    shutil.copytree(tone_data, data)
+    make_data.write_filelist(data / "heldout.psv", [("a3", "on the mat."), ("a4", "hi.")])
+    texts_given = []
+    real = evaluate._teacher_forced
+    monkeypatch.setattr(evaluate, "_teacher_forced",
+                        lambda model, text, *rest: texts_given.append(text) or real(model, text, *rest))
+    voice = ["--data", str(data), "--device", "cpu",
+             "--tacotron2", str(tmp_path / "t2" / "demo_tacotron2.pt"),
+             "--waveglow", str(tmp_path / "wg" / "demo_waveglow.pt")]
+    mels = torch.load(data / "mels.pt")
+    for name, extra, texts in (("own", [], ["on the mat.", "hi."]),
+                               ("other", ["--other-text"], ["hi.", "on the mat."])):
+        texts_given.clear()
+        assert evaluate.main(["forced", "--out", str(tmp_path / name), *voice, *extra]) == 0
+        record = json.loads((tmp_path / name / "synth.json").read_text())
+        assert record["other_text"] == (name == "other") and texts_given == texts
+        for uid in ("a3", "a4"):
+            clip, _ = soundfile.read(str(tmp_path / name / "wavs" / f"{uid}.wav"))
+            assert len(clip) == mels[uid].shape[1] * evaluate.HOP
+
+
 def test_attention_path_measures_tell_a_clean_diagonal_from_a_loop_and_a_stall():
     # evaluate.py attention's measures: a path straight through the text has no
     # jumps and visits every symbol; one that loops back and stalls says so.

@@ -16,7 +16,11 @@ Two steps, so the speech recognizer need not travel to the GPU machine:
            step fed the true previous frame, as in training), its postnet
            output through WaveGlow, same layout: between ``vocode`` and
            ``synth``, it tells what predicting frames costs from what
-           running on its own output (alignment) costs.
+           running on its own output (alignment) costs. ``--other-text``
+           feeds each line the next line's text instead: a decoder that
+           mostly copies the true previous frame scores nearly as well
+           without its own text, so the gap between the two is how much
+           the frames come from the text (what running on its own needs).
 ``attention`` each held-out line's attention path teacher-forced (as
            ``forced``) and free-running (tts_cli's own decode, as ``synth``):
            whether it reaches the text's end, its jumps back and skips ahead,
@@ -151,13 +155,16 @@ def vocode(args) -> dict:
 def forced(args) -> dict:
     tacotron2, waveglow = load_voice(args.tacotron2, args.waveglow, args.device)
     tacotron2.eval()
+    texts = [text for _, text in held_out(args)]
 
     def teacher_forced(i: int, text: str, mel: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
+        if args.other_text:
+            text = texts[(i + 1) % len(texts)]
         return _teacher_forced(tacotron2, text, mel, frames, args.seed + i)["post"]
 
     return _from_espeak_mels(args, waveglow, teacher_forced,
                              {"tacotron2": str(args.tacotron2), "waveglow": str(args.waveglow),
-                              "teacher_forced": True})
+                              "teacher_forced": True, "other_text": args.other_text})
 
 
 def _teacher_forced(tacotron2: Tacotron2, text: str, mel: torch.Tensor, frames: torch.Tensor,
@@ -437,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="bias-spectrum subtraction after WaveGlow (0: none)")
     p.add_argument("--sigma", type=float, default=SIGMA, help=f"WaveGlow's noise scale (default {SIGMA}, the CLI's)")
     p.add_argument("--lines", type=int, default=0, help="only the first N held-out lines (quick checks)")
+    p.add_argument("--other-text", action="store_true",
+                   help="forced: give each line the next held-out line's text (how much the frames come "
+                        "from the text)")
     p.add_argument("--rendering", choices=RENDERINGS, default="griffin-lim",
                    help="render: how espeak-ng's mels become audio without a vocoder")
     args = p.parse_args(argv)
