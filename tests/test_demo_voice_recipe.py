@@ -205,6 +205,25 @@ def _tiny_t2(seed=0) -> Tacotron2:
     return Tacotron2(dims)
 
 
+def test_frame_dropout_makes_the_teacher_forced_frames_come_from_the_text(monkeypatch):
+    # With every true frame dropped, what the decoder is fed no longer
+    # matters: two different mels give the same frames. Without it they differ.
+    _no_dropout(monkeypatch)
+    model = _tiny_t2().train()
+    for module in model.modules():          # BatchNorm's batch statistics aside
+        if isinstance(module, torch.nn.BatchNorm1d):
+            module.eval()
+    ids, lengths, mel_lengths = torch.tensor([[30, 31, 32, 11, 40]]), torch.tensor([5]), torch.tensor([8])
+    one, other = torch.randn(1, 80, 8), torch.randn(1, 80, 8)
+
+    def frames(mels):
+        with torch.no_grad():
+            return train_tacotron2.forward(model, ids, lengths, mels, mel_lengths)["frames"]
+    assert not torch.allclose(frames(one), frames(other))
+    monkeypatch.setattr(train_tacotron2, "frame_dropout", 1.0)
+    torch.testing.assert_close(frames(one), frames(other))
+
+
 def test_encoder_without_packing_equals_the_packed_encoder():
     # CUDA graphs cannot hold pack_padded_sequence (it reads the lengths on
     # the host); the in-place version must give the same memory and gradients.

@@ -68,6 +68,13 @@ DEMO_DIMS = Tacotron2Dims(
 P_DROPOUT = 0.5            # encoder convolutions, prenet, postnet
 P_ATTENTION_DROPOUT = 0.1
 P_DECODER_DROPOUT = 0.1
+# --frame-dropout: the share of true previous frames the teacher-forced
+# decoder is given as the zero "go" frame instead. espeak-ng's frames change
+# slowly, so a decoder can predict each from the one before and barely use the
+# text (evaluate.py forced --other-text: 28.2 % WER with each line's own text,
+# 37.5 % with another's, at step 3,190); free-running it has no true frame to
+# copy. Training only; the reference's training has none (0).
+frame_dropout = 0.0
 GATE_PADDING_LOGIT = 1e3   # the reference's fill for gate outputs past the end
 # Weight of the gate's one positive frame per utterance against its hundreds
 # of negatives (the reference: 1). At step 1,756, with the attention on the
@@ -197,8 +204,10 @@ def decode_teacher_forced(model: Tacotron2, memory: Tensor, invalid: Tensor, mel
     dec = model.decoder
     b, n_mel, steps = mels.shape
     go = mels.new_zeros(b, n_mel, 1)
-    previous = torch.cat((go, mels[:, :, :-1]), 2).permute(2, 0, 1)     # (T, B, n_mel)
-    prenet_out = prenet(model, previous)
+    previous = torch.cat((go, mels[:, :, :-1]), 2)
+    if model.training and frame_dropout > 0:
+        previous = previous * (torch.rand(b, 1, steps, device=mels.device) >= frame_dropout)
+    prenet_out = prenet(model, previous.permute(2, 0, 1))                # (T, B, n_mel)
     processed_memory = dec.attention_layer.memory_layer(memory)
     s = dec.initial_state(memory)
     ah, ac, dh, dc = s.attention_hidden, s.attention_cell, s.decoder_hidden, s.decoder_cell
@@ -664,6 +673,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--bucket-frames", type=int, default=64,
                    help="captured steps: one CUDA graph per this many frames of length (larger: fewer "
                         "captures on each fresh machine, more padding per step)")
+    p.add_argument("--frame-dropout", type=float, default=0.0,
+                   help="share of the true previous frames replaced by the go frame in training "
+                        "(makes the decoder use the text; 0: as the reference)")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
     p.add_argument("--dims", type=common.parse_dims, default=None,
                    help="override DEMO_DIMS, e.g. 'embedding_dim=32,attention_rnn_dim=32' (tests)")
@@ -675,7 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.guide_steps is None and args.guide == "diagonal":
         args.guide_steps = 8000
     torch.manual_seed(args.seed)
-    global compiled_step
+    global compiled_step, frame_dropout
+    frame_dropout = args.frame_dropout
     # Opt-in: the first step then compiles for a minute or two (cached on disk
     # for later runs on the same machine); dynamic shapes, since batch and
     # text lengths vary.
