@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -130,6 +131,11 @@ def test_word_error_rate_counts_edits_over_reference_words():
     assert evaluate.wer([("a b c d", "a x c"), ("e f", "e f g")]) == pytest.approx(3 / 6)
 
 
+def _word_firsts(text: str) -> list[int]:
+    """Where each space-separated word of ``text`` starts."""
+    return [i for i, c in enumerate(text) if c != " " and (i == 0 or text[i - 1] == " ")]
+
+
 def _tone_data(folder: Path, lines: list[tuple[str, str]], seconds: float = 0.4) -> Path:
     """A make_data-style folder with synthetic speech (tones, not espeak-ng)."""
     (folder / "wavs").mkdir(parents=True)
@@ -144,7 +150,7 @@ def _tone_data(folder: Path, lines: list[tuple[str, str]], seconds: float = 0.4)
     starts = {}
     for n, (uid, text) in enumerate(lines):
         samples = int(SR * (seconds + 0.1 * n))
-        firsts = [i for i, c in enumerate(text) if c != " " and (i == 0 or text[i - 1] == " ")]
+        firsts = _word_firsts(text)
         starts[uid] = torch.tensor([(c, k * samples // len(firsts)) for k, c in enumerate(firsts)]
                                    + [(len(text), samples)])
     torch.save(starts, folder / "word_starts.pt")
@@ -710,7 +716,6 @@ def test_the_words_guide_never_fades_and_the_diagonal_fades_out():
 
 
 def test_training_with_the_words_guide_says_how_to_make_the_word_starts(tone_data, tmp_path):
-    import shutil
     data = tmp_path / "data"
     shutil.copytree(tone_data, data)
     (data / "word_starts.pt").unlink()
@@ -730,7 +735,6 @@ def _espeak_library() -> str | None:
 def test_espeaks_library_speaks_each_line_as_the_command_line_does(tmp_path):
     # The word starts are only right if the library's audio is the WAV's,
     # line after line in one process (the library keeps state between lines).
-    import shutil
     import subprocess
     binary = os.environ.get("ESPEAK") or shutil.which("espeak-ng")
     if binary is None:
@@ -741,8 +745,7 @@ def test_espeaks_library_speaks_each_line_as_the_command_line_does(tmp_path):
         subprocess.run([binary, "-v", "en-us", "-s", "175", "-w", str(wav), "--", line], check=True)
         starts = speaker.word_starts(line)
         assert int(starts[-1, 1]) == soundfile.info(str(wav)).frames
-        firsts = [i for i, c in enumerate(line) if c != " " and (i == 0 or line[i - 1] == " ")]
-        assert starts[:-1, 0].tolist() == firsts and int(starts[-1, 0]) == len(line)
+        assert starts[:-1, 0].tolist() == _word_firsts(line) and int(starts[-1, 0]) == len(line)
         assert torch.all(starts[1:, 1] >= starts[:-1, 1])
 
 
@@ -806,7 +809,6 @@ def test_the_forced_evaluation_with_another_lines_text_keeps_the_mels_and_change
     # the next line's text; the clips keep their own lines' lengths.
     _train_t2(tone_data, tmp_path / "t2", 1)
     _train_wg(tone_data, tmp_path / "wg", 1)
-    import shutil
     data = tmp_path / "data"   # two held-out lines (the fixture holds out one)
     shutil.copytree(tone_data, data)
     make_data.write_filelist(data / "heldout.psv", [("a3", "on the mat."), ("a4", "hi.")])

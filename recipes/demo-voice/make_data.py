@@ -32,6 +32,8 @@ DEFAULT_TRANSCRIPTS = Path(__file__).parent / "data" / "ljspeech_12500.psv"
 SAMPLE_TRANSCRIPTS = Path(frontend.__file__).parent / "data" / "ljspeech_2000.psv"
 HELD_OUT = 100
 SAMPLE_RATE = 22050
+VOICE = "en-us"
+WORDS_PER_MINUTE = 175    # espeak-ng's default
 
 
 def read_transcripts(path: Path) -> list[tuple[str, str]]:
@@ -115,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--espeak", default=shutil.which("espeak-ng") or "espeak-ng",
                         help="espeak-ng binary (default: the one on PATH)")
-    parser.add_argument("--voice", default="en-us")
-    parser.add_argument("--words-per-minute", type=int, default=175, help="espeak-ng's default")
+    parser.add_argument("--voice", default=VOICE)
+    parser.add_argument("--words-per-minute", type=int, default=WORDS_PER_MINUTE, help="espeak-ng's default")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     start = time.time()

@@ -679,13 +679,14 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder step")
     p.add_argument("--dims", type=common.parse_dims, default=None,
                    help="override DEMO_DIMS, e.g. 'embedding_dim=32,attention_rnn_dim=32' (tests)")
-    return common.finish_arguments(p, argv)
+    args = common.finish_arguments(p, argv)
+    if args.guide_steps is None and args.guide == "diagonal":
+        args.guide_steps = 8000
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.guide_steps is None and args.guide == "diagonal":
-        args.guide_steps = 8000
     torch.manual_seed(args.seed)
     global compiled_step, frame_dropout
     frame_dropout = args.frame_dropout

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+import make_data
 from mel import read_filelist
 
 # speak_lib.h (espeak-ng 1.51, API revision 12)
@@ -165,10 +166,10 @@ def measure(data: Path, voice: str, words_per_minute: int, jobs: int) -> tuple[i
         starts = dict(pool.map(_line_starts, rows, chunksize=64))
     for number, (uid, text) in enumerate(rows, 1):
         wav = data / "wavs" / f"{uid}.wav"
-        total = int(starts[uid][-1, 1])
-        if soundfile.info(str(wav)).frames != total:
+        total, in_wav = int(starts[uid][-1, 1]), soundfile.info(str(wav)).frames
+        if in_wav != total:
             raise SystemExit(f"word_timings.py: {wav}: espeak-ng's library made {total} samples of "
-                             f"line {number} ({uid}) but the WAV has {soundfile.info(str(wav)).frames}; "
+                             f"line {number} ({uid}) but the WAV has {in_wav}; "
                              f"remake the WAVs with this espeak-ng (make_data.py) or pass the voice "
                              f"and rate they were made with")
     tmp = data / "word_starts.pt.tmp"
@@ -180,8 +181,9 @@ def measure(data: Path, voice: str, words_per_minute: int, jobs: int) -> tuple[i
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="folder made by make_data.py")
-    parser.add_argument("--voice", default="en-us", help="as make_data.py was given")
-    parser.add_argument("--words-per-minute", type=int, default=175, help="as make_data.py was given")
+    parser.add_argument("--voice", default=make_data.VOICE, help="as make_data.py was given")
+    parser.add_argument("--words-per-minute", type=int, default=make_data.WORDS_PER_MINUTE,
+                        help="as make_data.py was given")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     start = time.time()
