@@ -12,7 +12,8 @@
 # the next run carries them. WG_B_ARGS="..." trains a second WaveGlow beside
 # the first (runs/waveglow_b), for comparisons; MODELS="waveglow" leaves
 # Tacotron2 out (see the recipe README's run plan for the other variables).
-# With EVAL=1 in the environment it then also synthesizes the held-out lines.
+# With EVAL=1 in the environment it then also synthesizes the held-out lines
+# (with the constructed WaveGlow unless EVAL_WAVEGLOW names another).
 set -uo pipefail
 minutes=${1:?minutes}
 transcripts=${2:-}
@@ -117,18 +118,22 @@ for m in $runs_here; do
     python3 $R/portable.py pack runs/$m/checkpoint.pt /tmp/$m.resume.pt || exit 1
     split -b 15M /tmp/$m.resume.pt "$OUT/$m.resume.pt.part-"
 done
+# EVAL=1: also speak the 100 held-out lines with the exports (13 s here,
+# ~3 minutes on a 2-core CPU); the WAVs and synth.json come back as a .tgz in
+# 15 MB parts (23 MB for the 100 lines) for `evaluate.py score`, which runs where the recognizer is.
+# The WaveGlow is the demo's constructed one (construct_waveglow.py, seconds),
+# or with EVAL_WAVEGLOW=runs/waveglow/demo_waveglow.pt the one this call trained.
+if [ "${EVAL:-0}" = 1 ]; then
+    waveglow=${EVAL_WAVEGLOW:-runs/constructed_waveglow.pt}
+    [ -f "$waveglow" ] || python3 $R/construct_waveglow.py --data runs/data --out "$waveglow" || exit 1
+    python3 $R/evaluate.py synth --data runs/data --out runs/eval \
+        --tacotron2 runs/tacotron2/demo_tacotron2.pt --waveglow "$waveglow" || exit 1
+    tar -C runs -czf - eval | split -b 15M - "$OUT/eval.tgz.part-"
+fi
 # The device returns at most 64 MiB in all, and what is over it is lost
 # (the fourteenth session lost a second WaveGlow of 7.4 M parameters that
 # way: 44 MB packed, beside Tacotron2's 25 and WaveGlow's 19). Say so loudly.
 total=$(du -cb "$OUT"/* | tail -1 | cut -f1)
 [ "$total" -le $(( 64 * 1024 * 1024 )) ] || echo "WARNING: $OUT holds $total bytes, over the 64 MiB that" \
-    "comes back: some packed checkpoints will be lost; train fewer models per call (MODELS=...)"
-# EVAL=1: also speak the 100 held-out lines with the exports (seconds here,
-# ~15 minutes on a 2-core CPU); the WAVs and synth.json come back as a tar in
-# 15 MB parts for `evaluate.py score`, which runs where the recognizer is.
-if [ "${EVAL:-0}" = 1 ]; then
-    python3 $R/evaluate.py synth --data runs/data --out runs/eval \
-        --tacotron2 runs/tacotron2/demo_tacotron2.pt --waveglow runs/waveglow/demo_waveglow.pt || exit 1
-    tar -C runs -cf - eval | split -b 15M - "$OUT/eval.tar.part-"
-fi
+    "comes back: some packed checkpoints will be lost; train fewer models per call (MODELS=...) or leave EVAL out"
 ls -la "$OUT"
