@@ -735,14 +735,13 @@ def _espeak_library() -> str | None:
 def test_espeaks_library_speaks_each_line_as_the_command_line_does(tmp_path):
     # The word starts are only right if the library's audio is the WAV's,
     # line after line in one process (the library keeps state between lines).
-    import subprocess
     binary = os.environ.get("ESPEAK") or shutil.which("espeak-ng")
     if binary is None:
         pytest.skip("no espeak-ng command")
-    speaker = word_timings.Espeak("en-us", 175)
+    speaker = word_timings.Espeak(make_data.VOICE, make_data.WORDS_PER_MINUTE)
     for n, line in enumerate(["a square enclosure, two furlongs each way.", "hi there; how are you?"]):
         wav = tmp_path / f"{n}.wav"
-        subprocess.run([binary, "-v", "en-us", "-s", "175", "-w", str(wav), "--", line], check=True)
+        make_data.speak(binary, make_data.VOICE, make_data.WORDS_PER_MINUTE, line, wav)
         starts = speaker.word_starts(line)
         assert int(starts[-1, 1]) == soundfile.info(str(wav)).frames
         assert starts[:-1, 0].tolist() == _word_firsts(line) and int(starts[-1, 0]) == len(line)

@@ -119,8 +119,9 @@ for m in $runs_here; do
     split -b 15M /tmp/$m.resume.pt "$OUT/$m.resume.pt.part-"
 done
 # EVAL=1: also speak the 100 held-out lines with the exports (13 s here,
-# ~3 minutes on a 2-core CPU); the WAVs and synth.json come back as a .tgz in
-# 15 MB parts (23 MB for the 100 lines) for `evaluate.py score`, which runs where the recognizer is.
+# ~3 minutes on a 2-core CPU); the WAVs and synth.json come back as a .tgz
+# in 15 MB parts (23 MB for the 100 lines) for `evaluate.py score`, which
+# runs where the recognizer is.
 # The WaveGlow is the demo's constructed one (construct_waveglow.py, seconds),
 # or with EVAL_WAVEGLOW=runs/waveglow/demo_waveglow.pt the one this call trained.
 if [ "${EVAL:-0}" = 1 ]; then
