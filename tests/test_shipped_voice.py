@@ -1,0 +1,55 @@
+"""The demo voice shipped in checkpoints/ (made by recipes/demo-voice): with no
+checkpoint options and NVIDIA's files absent, a run picks it up through the
+normal loading path and speaks on CPU at a plausible length and level."""
+from pathlib import Path
+
+import pytest
+import soundfile
+import torch
+from click.testing import CliRunner
+
+from outputs import manifest
+from tts_cli.cli import main
+from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES
+
+SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints"
+LINES = ["The demo voice speaks at once, with no download.", "It cost $3.50 in 1963."]
+# espeak-ng reads at 175 words a minute, about 15 characters of normalized
+# text a second; the demo voice learned its timing from it.
+CHARACTERS_PER_SECOND = 15
+
+
+def test_both_demo_files_are_shipped_within_30_mb():
+    files = [SHIPPED / name for name in DEMO_FILES.values()]
+    assert all(f.is_file() for f in files), files
+    assert sum(f.stat().st_size for f in files) <= 30_000_000
+
+
+@pytest.fixture
+def fresh_run(tmp_path, monkeypatch):
+    """An empty working directory (no ./checkpoints), as on a fresh clone."""
+    if any((SHIPPED / name).exists() for name in PUBLISHED_FILES.values()):
+        pytest.skip("NVIDIA's files are in checkpoints/: they, not the demo voice, are the default")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("\n".join(LINES) + "\n")
+    return tmp_path
+
+
+def test_with_no_checkpoint_options_the_shipped_demo_voice_speaks(fresh_run):
+    result = CliRunner().invoke(main, ["corpus.txt", "-o", "out", "--device", "cpu", "--seed", "1"])
+    assert result.exit_code == 0, result.output
+    notices = [line for line in result.output.splitlines() if "demo voice" in line]
+    assert len(notices) == 1 and notices[0].startswith("using the demo voice ("), result.output
+    rows = manifest(fresh_run / "out")
+    assert [r["status"] for r in rows] == ["ok", "ok"]    # the gate stopped both
+    for row in rows:
+        audio, rate = soundfile.read(fresh_run / "out" / row["audio_filepath"], dtype="float32")
+        audio = torch.from_numpy(audio)
+        expected = len(row["normalized_text"]) / CHARACTERS_PER_SECOND
+        assert 0.5 * expected < len(audio) / rate < 2 * expected, row
+        rms = audio.pow(2).mean().sqrt().item()
+        assert 0.01 < rms < 0.5, (row["id"], rms)                     # not silence, not blaring
+        assert row["clipped_samples"] < 0.001 * len(audio), row
+        # speech comes and goes: 20 ms frames vary in level, unlike steady noise or a hum
+        frames = audio[: len(audio) // 441 * 441].view(-1, 441).pow(2).mean(1).sqrt()
+        assert frames.std() > 0.3 * frames.mean(), row["id"]
