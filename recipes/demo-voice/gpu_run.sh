@@ -118,10 +118,12 @@ for m in $runs_here; do
     python3 $R/portable.py pack runs/$m/checkpoint.pt /tmp/$m.resume.pt || exit 1
     split -b 15M /tmp/$m.resume.pt "$OUT/$m.resume.pt.part-"
 done
-# EVAL=1: also speak the 100 held-out lines with the exports (13 s here,
-# ~3 minutes on a 2-core CPU); the WAVs and synth.json come back as a .tgz
-# in 15 MB parts (23 MB for the 100 lines) for `evaluate.py score`, which
-# runs where the recognizer is.
+# EVAL=1: also speak the 100 held-out lines with the exports; the WAVs and
+# synth.json come back as a .tgz in 15 MB parts (23 MB for the 100 lines)
+# for `evaluate.py score`, which runs where the recognizer is. Leave it
+# 3 minutes or more of the call: in the seventeenth session the 110-120 s
+# left after training were not enough (cause not found), and the recipe
+# README's CPU way (100 s on 2 cores) costs no device time.
 # The WaveGlow is the demo's constructed one (construct_waveglow.py, seconds),
 # or with EVAL_WAVEGLOW=runs/waveglow/demo_waveglow.pt the one this call trained.
 if [ "${EVAL:-0}" = 1 ]; then
