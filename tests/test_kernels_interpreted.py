@@ -164,8 +164,8 @@ def coupling_errors(dtype_name: str) -> dict:
     assert got_matmul.isfinite().all()
     return {"coupling_matmul_vs_plain": coupling, "matmul_vs_plain": rel(got_matmul, got_plain),
             "paired_vs_matmul": (got_paired - got_matmul).abs().max().item(),
-            "padded_vs_matmul": (got_padded - got_matmul).abs().max().item(),
-            "persistent_vs_matmul": (got_persistent - got_matmul).abs().max().item(),
+            "padded_vs_paired": (got_padded - got_paired).abs().max().item(),
+            "persistent_vs_paired": (got_persistent - got_paired).abs().max().item(),
             "coupling_padded_vs_plain": coupling_padded, "matmul_vs_fp32_model": rel(got_matmul, reference),
             "plain_vs_fp32_model": rel(got_plain, reference)}
 
@@ -584,15 +584,25 @@ def interpreted(check: str, dtype: str) -> dict:
     return result
 
 
+def same_sums_retiled(error: float, tol: float) -> bool:
+    """Whether a layout that moves columns or rows to other places in the tiles
+    gave the same sums. On the GPU they are bitwise equal; under the
+    interpreter tl.dot is numpy's matmul, whose BLAS may add up a column in
+    another order where it sits elsewhere in the tile: one float32 rounding
+    (up to 3.6e-7 with numpy 2.4.6, OpenBLAS 0.3.31, triton 3.9). A wrongly
+    placed column or row is off by ~1."""
+    return error <= tol / 10
+
+
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-2)])
 def test_matmul_kernels_equal_torch_under_the_interpreter(dtype, tol):
     pytest.importorskip("triton")
     errors = interpreted("kernel_errors", dtype)
     # float16: one rounding of values up to ~8 (half an ulp: 4e-3)
     assert errors["taps_gate"] < tol and errors["residual_update"] < tol
-    # the paired layout changes where columns sit, not the sums: bitwise equal;
-    # so does taking the tiles in a loop
-    assert errors["paired_vs_unpaired"] == 0.0 and errors["persistent_vs_paired"] == 0.0
+    # the paired layout changes where columns sit, not the sums; taking the
+    # tiles in a loop changes nothing: bitwise equal
+    assert same_sums_retiled(errors["paired_vs_unpaired"], tol) and errors["persistent_vs_paired"] == 0.0
     assert errors["approx_gate_vs_exact_on_cpu"] == 0.0
 
 
@@ -601,11 +611,12 @@ def test_matmul_coupling_equals_the_plain_coupling_under_the_interpreter(dtype, 
     pytest.importorskip("triton")
     errors = interpreted("coupling_errors", dtype)
     assert errors["coupling_matmul_vs_plain"] < tol and errors["matmul_vs_plain"] < tol
-    assert errors["paired_vs_matmul"] == 0.0   # "matmul_paired": the same sums, bitwise
-    assert errors["persistent_vs_matmul"] == 0.0   # "matmul_persistent": the same tiles in a loop
-    # "matmul_padded": the same sums again; x's rows past each length are
-    # zeros instead of unread values, which changes nothing any row reads
-    assert errors["padded_vs_matmul"] == 0.0 and errors["coupling_padded_vs_plain"] < tol
+    assert same_sums_retiled(errors["paired_vs_matmul"], tol)   # "matmul_paired": the same sums
+    assert errors["persistent_vs_paired"] == 0.0   # "matmul_persistent": the same tiles in a loop
+    # "matmul_padded": the paired sums again over item-padded rows; x's rows
+    # past each length are zeros instead of unread values, which changes
+    # nothing any row reads
+    assert same_sums_retiled(errors["padded_vs_paired"], tol) and errors["coupling_padded_vs_plain"] < tol
     # fp32 accumulation with one rounding: no less accurate than cuBLAS's products
     assert errors["matmul_vs_fp32_model"] < 1.5 * errors["plain_vs_fp32_model"] + 1e-5
 

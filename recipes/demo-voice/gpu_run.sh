@@ -127,10 +127,14 @@ done
 # The WaveGlow is the demo's constructed one (construct_waveglow.py, seconds),
 # or with EVAL_WAVEGLOW=runs/waveglow/demo_waveglow.pt the one this call trained.
 if [ "${EVAL:-0}" = 1 ]; then
+    # (each step says when it starts, to find where the time goes)
     waveglow=${EVAL_WAVEGLOW:-runs/constructed_waveglow.pt}
+    echo "eval: WaveGlow at $(( $(date +%s) - start )) s"
     [ -f "$waveglow" ] || python3 $R/construct_waveglow.py --data runs/data --out "$waveglow" || exit 1
+    echo "eval: speaking at $(( $(date +%s) - start )) s"
     python3 $R/evaluate.py synth --data runs/data --out runs/eval \
         --tacotron2 runs/tacotron2/demo_tacotron2.pt --waveglow "$waveglow" || exit 1
+    echo "eval: packing at $(( $(date +%s) - start )) s"
     tar -C runs -czf - eval | split -b 15M - "$OUT/eval.tgz.part-"
 fi
 # The device returns at most 64 MiB in all, and what is over it is lost
