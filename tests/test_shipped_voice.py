@@ -1,6 +1,12 @@
 """The demo voice shipped in checkpoints/ (made by recipes/demo-voice): with no
 checkpoint options and NVIDIA's files absent, a run picks it up through the
 normal loading path and speaks on CPU at a plausible length and level."""
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -53,3 +59,36 @@ def test_with_no_checkpoint_options_the_shipped_demo_voice_speaks(fresh_run):
         # speech comes and goes: 20 ms frames vary in level, unlike steady noise or a hum
         frames = audio[: len(audio) // 441 * 441].view(-1, 441).pow(2).mean(1).sqrt()
         assert frames.std() > 0.3 * frames.mean(), row["id"]
+
+
+def test_a_wheel_carries_the_demo_voice_and_its_install_speaks_with_it(tmp_path):
+    """`pip install .` (not -e) has no source tree beside the package: the
+    wheel must carry the demo files, and the installed copy must find them."""
+    pytest.importorskip("setuptools")
+    root = SHIPPED.parent
+    tree = tmp_path / "tree"    # built from a copy: the build leaves build/ behind
+    shutil.copytree(root / "tts_cli", tree / "tts_cli", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "recipes", tree / "recipes", ignore=shutil.ignore_patterns("demo-voice", "__pycache__"))
+    shutil.copytree(SHIPPED, tree / "checkpoints",   # without NVIDIA's files, if a developer has them there
+                    ignore=shutil.ignore_patterns("__pycache__", *PUBLISHED_FILES.values()))
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(root / name, tree / name)
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=300)
+    built = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                 "-w", str(tmp_path / "wheel"), str(tree)])
+    assert built.returncode == 0, built.stderr[-2000:]
+    site = tmp_path / "site"
+    zipfile.ZipFile(next((tmp_path / "wheel").glob("*.whl"))).extractall(site)
+    assert sorted(p.name for p in (site / "tts_cli" / "demo_voice").glob("demo_*.pt")) == sorted(DEMO_FILES.values())
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "corpus.txt").write_text(LINES[1] + "\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    spoke = run([sys.executable, "-c", "import tts_cli, sys; from tts_cli.cli import main; "
+                 "print(tts_cli.__file__, file=sys.stderr); main()",
+                 "corpus.txt", "-o", "out", "--device", "cpu", "--seed", "1"], cwd=work, env=env)
+    assert spoke.returncode == 0, spoke.stderr[-2000:]
+    assert str(site / "tts_cli") in spoke.stderr        # the installed copy ran, not the source tree
+    assert f"using the demo voice ({site / 'tts_cli' / 'demo_voice'}/demo_*.pt;" in spoke.stderr
+    assert [r["status"] for r in manifest(work / "out")] == ["ok"]

@@ -86,8 +86,17 @@ def choose_voice(settings: Settings) -> Voice:
 def checkpoint_dirs() -> list[Path]:
     """Where the published checkpoints and the demo voice are looked for:
     ./checkpoints, then the checkpoints/ folder of the source tree this
-    package runs from."""
-    dirs = [Path.cwd() / "checkpoints", Path(__file__).resolve().parent.parent / "checkpoints"]
+    package runs from, then (in a non-editable install, which has no source
+    tree) the installed copy of that folder, ``tts_cli.demo_voice``."""
+    dirs = [Path.cwd() / "checkpoints"]
+    source_tree = Path(__file__).resolve().parent.parent / "checkpoints"
+    if source_tree.is_dir():
+        dirs.append(source_tree)
+    try:
+        from tts_cli import demo_voice
+        dirs.append(Path(demo_voice.__file__).parent)
+    except ImportError:     # run from the source tree, not installed
+        pass
     return list(dict.fromkeys(d.resolve() for d in dirs))
 
 
