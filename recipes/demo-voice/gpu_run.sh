@@ -121,9 +121,10 @@ done
 # EVAL=1: also speak the 100 held-out lines with the exports; the WAVs and
 # synth.json come back as a .tgz in 15 MB parts (23 MB for the 100 lines)
 # for `evaluate.py score`, which runs where the recognizer is. Leave it
-# 3 minutes or more of the call: in the seventeenth session the 110-120 s
-# left after training were not enough (cause not found), and the recipe
-# README's CPU way (100 s on 2 cores) costs no device time.
+# 3 minutes or more of the call: in the seventeenth session the 110-140 s
+# left after training were not enough (then in batches of 20; cause not
+# measured), and the recipe README's CPU way (100 s on 2 cores) costs no
+# device time.
 # The WaveGlow is the demo's constructed one (construct_waveglow.py, seconds),
 # or with EVAL_WAVEGLOW=runs/waveglow/demo_waveglow.pt the one this call trained.
 if [ "${EVAL:-0}" = 1 ]; then
@@ -132,7 +133,13 @@ if [ "${EVAL:-0}" = 1 ]; then
     echo "eval: WaveGlow at $(( $(date +%s) - start )) s"
     [ -f "$waveglow" ] || python3 $R/construct_waveglow.py --data runs/data --out "$waveglow" || exit 1
     echo "eval: speaking at $(( $(date +%s) - start )) s"
-    python3 $R/evaluate.py synth --data runs/data --out runs/eval \
+    # 50 lines a batch: synth decodes eagerly, step by step, so its time goes
+    # with the number of batches times their longest line, and its default of
+    # 20 lines is for a small CPU's memory (100 lines took more than the
+    # 23 GB of the dev machine, with the tests running beside them:
+    # WaveGlow's upsampled mel alone is 80 values a sample, 8 GB for 100
+    # lines of 10 s).
+    python3 $R/evaluate.py synth --data runs/data --out runs/eval --batch-size 50 \
         --tacotron2 runs/tacotron2/demo_tacotron2.pt --waveglow "$waveglow" || exit 1
     echo "eval: packing at $(( $(date +%s) - start )) s"
     tar -C runs -czf - eval | split -b 15M - "$OUT/eval.tgz.part-"
