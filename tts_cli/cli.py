@@ -54,10 +54,10 @@ def main():
               help="Built-in recipe name or a YAML file; options given here override it.")
 @click.option("--tacotron2", type=click.Path(dir_okay=False), help="Tacotron2 checkpoint "
               "(default: checkpoints/tacotron2_statedict.pt; with neither option given and "
-              "NVIDIA's files missing, the demo voice in checkpoints/).")
+              "NVIDIA's files missing, the demo voice shipped with tts-batch).")
 @click.option("--waveglow", type=click.Path(dir_okay=False), help="WaveGlow checkpoint "
               "(default: checkpoints/waveglow_256channels_universal_v5.pt; with neither option "
-              "given and NVIDIA's files missing, the demo voice in checkpoints/).")
+              "given and NVIDIA's files missing, the demo voice shipped with tts-batch).")
 @click.option("--format", "format_", type=click.Choice(CORPUS_FORMATS),
               help="Corpus format: plain lines (id = line number), ljspeech (id|text), tsv (id<TAB>text). [default: plain]")
 @click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available]")
