@@ -173,6 +173,13 @@ def use_graphs(args) -> bool:
 CAPTURE_ERRORS = (RuntimeError, AssertionError)
 
 
+def capture_failure(error: BaseException) -> str:
+    """A failed capture's error for the log's "graphs off" line: its first
+    line, up to 600 characters (200 cut off CUDA's allocated/reserved
+    breakdown of an out-of-memory error)."""
+    return str(error).splitlines()[0][:600] if str(error) else type(error).__name__
+
+
 def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict, captured: bool, lr: float) -> None:
     """load_state_dict, then this run's mode and learning rate: the saved
     param groups carry the saving run's ``capturable`` and ``lr`` (so --lr

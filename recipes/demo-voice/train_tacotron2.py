@@ -636,7 +636,7 @@ def train(args) -> dict:
             try:
                 parts, grad_norm = steps(items, guide)
             except common.CAPTURE_ERRORS as e:   # a capture this machine cannot do: go on eagerly
-                log.write(event="graphs off", error=str(e).splitlines()[0][:600])
+                log.write(event="graphs off", error=common.capture_failure(e))
                 steps = None
                 continue
         else:

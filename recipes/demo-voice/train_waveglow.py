@@ -570,7 +570,7 @@ def train(args) -> dict:
             captured_step = common.CapturedStep(graph_step, {k: v.clone() for k, v in batch(step).items()},
                                                 optimizer)
         except common.CAPTURE_ERRORS as e:   # a capture this machine cannot do: go on eagerly
-            log.write(event="graphs off", error=str(e).splitlines()[0][:600])
+            log.write(event="graphs off", error=common.capture_failure(e))
         log.write(event="step captured" if captured_step else "eager", seconds=round(budget.elapsed(), 1))
     while step < args.max_steps and not budget.spent():
         inputs = batch(step)
