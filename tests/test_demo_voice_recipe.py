@@ -307,6 +307,38 @@ def test_packed_checkpoint_resumes_with_the_same_weights_and_second_moments(tmp_
         assert not again["exp_avg"].any()
 
 
+def test_averaged_checkpoint_holds_the_mean_weights_and_resumes_as_the_last(tmp_path, capsys):
+    # average.py: the voice may ship the mean of a run's last states; the
+    # mean must be of the weights only, the rest (step, Adam, BatchNorm's
+    # batch count) the last state's, so the result exports and resumes.
+    import average
+    states = []
+    for step in (10, 20, 30):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+        model(torch.randn(8, 4))
+        optimizer = torch.optim.Adam(model.parameters())
+        common.save_checkpoint(tmp_path / f"{step}.pt", model=model.state_dict(),
+                               optimizer=optimizer.state_dict(), step=step)
+        states.append(model.state_dict())
+    paths = [str(tmp_path / f"{step}.pt") for step in (10, 20, 30)]
+    assert average.main([str(tmp_path / "mean.pt"), *paths]) == 0
+    mean = common.load_checkpoint(tmp_path / "mean.pt")
+    assert mean["step"] == 30
+    for name in ("0.weight", "0.bias", "1.running_mean", "1.running_var"):
+        torch.testing.assert_close(mean["model"][name], sum(s[name] for s in states) / 3)
+    assert mean["model"]["1.num_batches_tracked"] == states[-1]["1.num_batches_tracked"] == 1
+    restored = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    restored.load_state_dict(mean["model"])
+    torch.optim.Adam(restored.parameters()).load_state_dict(mean["optimizer"])
+
+    common.save_checkpoint(tmp_path / "wide.pt", step=40,
+                           model=torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.BatchNorm1d(5)).state_dict())
+    assert average.main([str(tmp_path / "bad.pt"), paths[0], str(tmp_path / "wide.pt")]) == 1
+    assert "not one model" in capsys.readouterr().err and not (tmp_path / "bad.pt").exists()
+    assert average.main([str(tmp_path / "bad.pt"), paths[0], str(tmp_path / "gone.pt")]) == 1
+    assert "gone.pt does not exist" in capsys.readouterr().err
+
+
 def test_gate_target_turns_on_at_each_utterances_last_frame():
     targets = train_tacotron2.gate_targets(torch.tensor([3, 5]), 5)
     assert targets.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1]]

