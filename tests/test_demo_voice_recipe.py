@@ -315,7 +315,8 @@ def test_averaged_checkpoint_holds_the_mean_weights_and_resumes_as_the_last(tmp_
     states = []
     for step in (10, 20, 30):
         model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
-        model(torch.randn(8, 4))
+        for _ in range(step // 10):  # the last state has seen the most batches
+            model(torch.randn(8, 4))
         optimizer = torch.optim.Adam(model.parameters())
         common.save_checkpoint(tmp_path / f"{step}.pt", model=model.state_dict(),
                                optimizer=optimizer.state_dict(), step=step)
@@ -326,7 +327,7 @@ def test_averaged_checkpoint_holds_the_mean_weights_and_resumes_as_the_last(tmp_
     assert mean["step"] == 30
     for name in ("0.weight", "0.bias", "1.running_mean", "1.running_var"):
         torch.testing.assert_close(mean["model"][name], sum(s[name] for s in states) / 3)
-    assert mean["model"]["1.num_batches_tracked"] == states[-1]["1.num_batches_tracked"] == 1
+    assert mean["model"]["1.num_batches_tracked"] == states[-1]["1.num_batches_tracked"] == 3
     restored = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
     restored.load_state_dict(mean["model"])
     torch.optim.Adam(restored.parameters()).load_state_dict(mean["optimizer"])
