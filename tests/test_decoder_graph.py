@@ -1,13 +1,14 @@
 """The graph decoder's static-buffer loop (run without capture off CUDA) gives
-exactly what the eager decoder gives: same frames, same stops, same padding;
-also with the projection and gate as one product (fused_output, plain torch),
-and with the Triton fusions asked for off CUDA (the modules run instead)."""
+exactly what the eager decoder gives: same frames, same stops, same padding.
+Off CUDA its Triton kernels do not run (the modules run instead);
+tests/test_kernels_interpreted.py runs them under Triton's interpreter and
+tests/test_gpu.py on a GPU."""
 import pytest
 import torch
 
 from tts_cli.batching import pad_sequences
-from tts_cli import kernels
-from tts_cli.decoder_graph import GraphedDecoder, _FusedOutput
+from tts_cli.decoder_graph import GraphedDecoder
+from tts_cli.kernels import decoder as kernels
 from tts_cli.tacotron2 import PUBLISHED_DIMS, DecodeSettings, Decoder, decode
 from tiny_models import tiny_tacotron2
 
@@ -33,15 +34,14 @@ def sharp_gate(seed: int, scale: float, bias: float):
     (None, lambda: sharp_gate(0, 10.0, -2.0)),              # 13 and two rows to the limit
     ([5, 40, 17], lambda: tiny_tacotron2(seed=6)),
 ], ids=["gate-at-once", "gate-mid-graph", "gate-and-limit", "forced-lengths"])
-@pytest.mark.parametrize("fused_output", [False, True], ids=["two-layers", "fused-output"])
-def test_static_buffer_decoder_equals_the_eager_one(override, model, fused_output):
+def test_static_buffer_decoder_equals_the_eager_one(override, model):
     model = model()
     cfg = DecodeSettings(max_decoder_steps=40)
     ids, lengths = pad_sequences(lines(7, 45, 3))        # 3 rows -> a bucket of 4; 45 -> 64 symbols
     seeds = torch.tensor([4, 5, 6])
     forced = torch.tensor(override) if override else None
-    decoder = GraphedDecoder(model, cfg, steps_per_graph=8, fused_output=fused_output)
-    assert (decoder.output is not None) == fused_output   # plain torch: on the CPU too
+    decoder = GraphedDecoder(model, cfg, steps_per_graph=8)
+    assert decoder.attention is None and decoder.prenet is None and decoder.few_rows is None   # off CUDA
     with torch.inference_mode():
         graphed = decoder.decode(ids, lengths, seeds, forced)
         eager = decode(model, ids, lengths, seeds, cfg, forced)
@@ -76,49 +76,6 @@ def test_decoding_stops_one_graph_after_the_last_real_line_stops():
     assert int(graph.step) == 16
 
 
-@pytest.mark.parametrize("decoder", [lambda: tiny_tacotron2(seed=4).decoder,
-                                     lambda: Decoder(PUBLISHED_DIMS).eval()], ids=["tiny", "published"])
-def test_the_folded_projection_and_gate_equal_the_two_layers(decoder):
-    """One product over the stacked weights (n_mel + 1, D) gives the frame
-    and the gate logit of the two layers, to float32 rounding (within 1e-6
-    of the largest value); the frame is a view with rows n_mel + 1 apart,
-    the gate its last column."""
-    decoder = decoder()
-    output = _FusedOutput(decoder)
-    d = decoder.dims
-    assert output.weight.shape == (d.n_mel + 1, d.decoder_rnn_dim + d.embedding_dim)
-    torch.manual_seed(0)
-    dh, context = torch.randn(5, d.decoder_rnn_dim), torch.randn(5, d.embedding_dim)
-    with torch.inference_mode():
-        frame, gate = output(dh, context)
-        hidden_context = torch.cat((dh, context), 1)
-        ref_frame = decoder.linear_projection(hidden_context)
-        ref_gate = decoder.gate_layer(hidden_context).squeeze(1)
-    assert frame.shape == ref_frame.shape and gate.shape == ref_gate.shape
-    assert frame.stride() == (d.n_mel + 1, 1)
-    assert (frame - ref_frame).abs().max() <= 1e-6 * ref_frame.abs().max()
-    assert (gate - ref_gate).abs().max() <= 1e-6 * ref_gate.abs().max()
-
-
-def test_the_triton_fusions_fall_back_to_the_modules_off_cuda():
-    """fused_attention, fused_prenet and fused_rnn need CUDA with Triton: on
-    the CPU GraphedDecoder keeps the modules (hooks None) and still decodes
-    as the eager decoder (within 1e-5, as above)."""
-    model = sharp_gate(1, 10.0, -1.0)
-    cfg = DecodeSettings(max_decoder_steps=40)
-    ids, lengths = pad_sequences(lines(7, 45, 3))
-    seeds = torch.tensor([4, 5, 6])
-    decoder = GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True, fused_prenet=True,
-                             fused_rnn=True)
-    assert decoder.attention is None and decoder.prenet is None
-    assert decoder.few_rows is None
-    with torch.inference_mode():
-        graphed = decoder.decode(ids, lengths, seeds)
-        eager = decode(model, ids, lengths, seeds, cfg)
-    assert graphed[1].tolist() == eager[1].tolist() and graphed[2].tolist() == eager[2].tolist()
-    assert graphed[0].shape == eager[0].shape and torch.allclose(graphed[0], eager[0], atol=1e-5)
-
-
 def test_the_fused_lstm_weights_are_the_cell_s_products_and_biases():
     """kernels.fuse_lstm_weights (plain torch): [W_ih | W_hh] times cat(a, b,
     h) plus the float32 bias b_ih + b_hh, then the cell update, is
@@ -138,14 +95,3 @@ def test_the_fused_lstm_weights_are_the_cell_s_products_and_biases():
     no_bias = torch.nn.LSTMCell(8, 4, bias=False)
     assert torch.equal(kernels.fuse_lstm_weights(no_bias.weight_ih, no_bias.weight_hh, None, None)[1],
                        torch.zeros(16))
-
-
-def test_a_decoder_names_the_fusions_it_runs():
-    """GraphedDecoder.fusions (what the bench reports as running): off CUDA
-    only the plain-torch output fusion can run; the Triton ones asked for
-    are left out, not claimed."""
-    model = tiny_tacotron2(seed=6)
-    cfg = DecodeSettings(max_decoder_steps=8)
-    assert GraphedDecoder(model, cfg).fusions == set()
-    every = GraphedDecoder(model, cfg, fused_attention=True, fused_prenet=True, fused_output=True, fused_rnn=True)
-    assert every.fusions == {"fused_output"}

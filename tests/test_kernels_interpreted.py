@@ -1,20 +1,20 @@
-"""The matmul-fused Triton kernels (kernels.taps_gate, kernels.residual_update
-and FastWaveGlow's "matmul" coupling) and Tacotron2's fused attention step
-(kernels.attention_step, alone and in the graph decoder's loop) and fused
-prenet (kernels.prenet_step, alone and in the loop with every fusion on)
-and fused LSTM cell (kernels.lstm_cell, alone, in the loop on its own and
-with every fusion on) against plain torch, on the CPU, through Triton's
-interpreter.
+"""The Triton kernels against plain torch, on the CPU, through Triton's
+interpreter: WaveGlow's two fused products (kernels.waveglow) alone and in
+FastWaveGlow's whole inverse, for narrow models padded to the kernels' width
+too; Tacotron2's decoder kernels (kernels.decoder: the attention step, the
+prenet, the LSTM cell, the projection and gate) alone and in the graph
+decoder's loop.
 
 TRITON_INTERPRET must be set before Triton is imported, so the checks run in a
 fresh Python process: this file run as a script. Skipped where Triton is not
-installed (CI); tests/test_gpu.py checks the same path on a GPU.
+installed (CI); tests/test_gpu.py checks the same paths on a GPU.
 
 The interpreter's tl.dot multiplies bfloat16 operands as their raw bits
 (numpy has no bfloat16), so bfloat16 is checked on the GPU only; prenet_step
 (and lstm_cell) has no tl.dot and is checked in bfloat16 here too, but the interpreter
 truncates float32 to bfloat16 where a GPU rounds (one ulp). Autotuning
-needs a GPU too: here every launch uses one fixed config (kernels._FIXED_CONFIG).
+needs a GPU too: here every launch uses one fixed config
+(kernels.waveglow._FIXED_CONFIG).
 """
 import json
 import os
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-CONFIGS = [  # rows (111 and 672) are a multiple of neither BLOCK_M
-    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2},
+CONFIGS = [  # each tiles the kernels' 64-wide channels and windows; BLOCK_M divides 128
     {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
 ]
 
 
@@ -35,63 +35,70 @@ def worst(got, expected) -> float:
     return (got.float() - expected).abs().nan_to_num(nan=float("inf")).max().item()
 
 
-def kernel_errors(dtype_name: str) -> dict:
-    """Max abs errors of both kernels against torch, per config and layer, on
-    B=3 items of T=37 steps (valid lengths 37, 20, 5), C=32, L=3, d=1, 2, 4."""
+def rel(a, b) -> float:
+    """Relative error of a against b (2-norms); NaN counts as infinitely wrong."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).nan_to_num(nan=float("inf")).item()
+
+
+def waveglow_kernel_errors(dtype_name: str) -> dict:
+    """kernels.waveglow.taps_cond_gate and residual_update against torch, per
+    config and layer: 3 items of 5 frames (valid 5, 3 and 1), 4 phases, so
+    60 rows in blocks of 128 (dummy rows after them), C = 64, a 64-wide
+    window, dilations 1, 2, 4 and 8 (taps reach across frames, phases and
+    past items' lengths); x past each item's length is NaN, so reading it
+    would show. Max abs errors, and whether every real row of the output
+    was written."""
     import torch
-    from tts_cli import kernels
+    from tts_cli.kernels import waveglow as wk
     from tts_cli.waveglow_fast import shifted_taps
     dtype = getattr(torch, dtype_name)
-    errors = {"taps_gate": 0.0, "residual_update": 0.0, "paired_vs_unpaired": 0.0, "persistent_vs_paired": 0.0}
+    items, frames, phases, c, win = 3, 5, 4, 64, 64
+    steps = frames * phases
+    lengths = torch.tensor([5, 3, 1]) * phases
+    rows = wk.PhaseRows(items=items, frames=frames, phases=phases)
+    errors = {"taps_cond_gate": 0.0, "residual_update": 0.0, "all_rows_written": True}
     for config in CONFIGS:
-        kernels._FIXED_CONFIG = config
+        wk._FIXED_CONFIG = config
         torch.manual_seed(0)
-        b, t, c, layers = 3, 37, 32, 3
-        keep = (torch.arange(t)[None] < torch.tensor([37, 20, 5])[:, None]).to(dtype)
-        x = torch.randn(b, t, c).to(dtype)
-        x[1, 25:] = float("nan")      # past an item's length nothing may be read
-        cond = torch.randn(b * t, 2 * c * layers).to(dtype)
-        acts = torch.full((b * t, layers * c), float("nan"), dtype=dtype)
-        for i in range(layers):
-            d, cols = 2 ** i, slice(c * i, c * (i + 1))
+        keep = (torch.arange(steps)[None] < lengths[:, None]).to(dtype)            # (B, T)
+        x = torch.randn(items, steps, c).to(dtype)
+        x[keep == 0] = float("nan")                                               # past a length: never read
+        windows = torch.randn(items * frames, win).to(dtype)
+        x_rows = rows.gather(x).contiguous()
+        keep_rows = rows.gather(keep[..., None]).view(-1).contiguous()
+        for i, d in enumerate((1, 2, 4, 8)):
             w_taps = (torch.randn(3 * c, 2 * c) / (3 * c) ** 0.5).to(dtype)
-            kernels.taps_gate(x.view(-1, c), keep.view(-1), cond, i, w_taps, t, d, out=acts[:, cols])
+            w_cond = (torch.randn(win, phases, 2 * c) / win ** 0.5).to(dtype)
+            b_cond = torch.randn(2 * c).to(dtype)
+            out = torch.full((rows.n_rows, c), float("nan"), dtype=dtype)
+            wk.taps_cond_gate(x_rows, keep_rows, windows, w_cond, b_cond, w_taps, rows, d, out)
             kept = torch.where(keep[..., None] > 0, x.float(), 0.0)
-            z = shifted_taps(kept, d).view(-1, 3 * c) @ w_taps.float() + cond[:, 2 * c * i: 2 * c * (i + 1)].float()
-            gated = torch.tanh(z[:, :c]) * torch.sigmoid(z[:, c:])
-            errors["taps_gate"] = max(errors["taps_gate"], worst(acts[:, cols], gated))
-            paired = torch.full((b * t, c), float("nan"), dtype=dtype)
-            kernels.taps_gate(x.view(-1, c), keep.view(-1), cond, i, kernels.pair_gate_columns(w_taps), t, d,
-                              out=paired, paired=True)
-            errors["paired_vs_unpaired"] = max(errors["paired_vs_unpaired"], worst(paired, acts[:, cols].float()))
-            persistent = torch.full((b * t, c), float("nan"), dtype=dtype)   # 3 programs, several tiles each
-            kernels.taps_gate(x.view(-1, c), keep.view(-1), cond, i, kernels.pair_gate_columns(w_taps), t, d,
-                              out=persistent, paired=True, persistent=True)
-            errors["persistent_vs_paired"] = max(errors["persistent_vs_paired"], worst(persistent, paired.float()))
-            # the GPU's tanh instruction does not exist here: the exact gate runs instead of failing
-            approx = torch.full((b * t, c), float("nan"), dtype=dtype)
-            kernels.taps_gate(x.view(-1, c), keep.view(-1), cond, i, kernels.pair_gate_columns(w_taps), t, d,
-                              out=approx, paired=True, gate="tanh_approx_pairs")
-            errors["approx_gate_vs_exact_on_cpu"] = max(errors.get("approx_gate_vs_exact_on_cpu", 0.0),
-                                                        worst(approx, paired.float()))
+            cond = (windows.float() @ w_cond.float().view(win, -1)).view(items, steps, 2 * c)
+            z = shifted_taps(kept, d) @ w_taps.float() + cond + b_cond.float()
+            gated = torch.tanh(z[..., 0::2]) * torch.sigmoid(z[..., 1::2])       # (B, T, C)
+            got = rows.scatter(out)
+            valid = keep > 0
+            errors["taps_cond_gate"] = max(errors["taps_cond_gate"], worst(got[valid], gated[valid]))
+            errors["all_rows_written"] &= bool(got.isfinite().all())
             w_res, b_res = (torch.randn(c, c) / c ** 0.5).to(dtype), torch.randn(c).to(dtype)
-            updated = x.view(-1, c).float() + acts[:, cols].float() @ w_res.float() + b_res.float()
-            kernels.residual_update(acts[:, cols], w_res, b_res, x.view(-1, c))
-            ok = ~updated.isnan()
-            assert torch.equal(x.view(-1, c).isnan(), ~ok)
-            errors["residual_update"] = max(errors["residual_update"], worst(x.view(-1, c)[ok], updated[ok]))
+            acts = torch.where(out.isfinite(), out, 0.0)
+            updated = x_rows.float() + acts.float() @ w_res.float() + b_res.float()
+            x_new = x_rows.clone()
+            wk.residual_update(acts, w_res, b_res, x_new)
+            real = rows.gather(valid[..., None].expand(-1, -1, c)).bool()
+            errors["residual_update"] = max(errors["residual_update"], worst(x_new[real], updated[real]))
     return errors
 
 
-def _coupling_test_model(seed: int):
-    """A small random WaveGlow (C = 32, 3 layers, rotations for the 1x1
-    convolutions), float32, eval mode, drawn after torch.manual_seed(seed)."""
+def _waveglow(seed: int, **dims):
+    """A random WaveGlow of tests/tiny_models.py's shape changed by ``dims``,
+    1x1 convolutions random rotations, float32, eval mode."""
     import dataclasses
     import torch
     from tts_cli.waveglow import WaveGlow
     from tiny_models import WAVEGLOW_DIMS
     torch.manual_seed(seed)
-    model = WaveGlow(dataclasses.replace(WAVEGLOW_DIMS, wn_layers=3, wn_channels=32))
+    model = WaveGlow(dataclasses.replace(WAVEGLOW_DIMS, **dims))
     for p in model.parameters():
         p.data.normal_(0.0, 0.05)
     for conv in model.convinv:
@@ -100,104 +107,43 @@ def _coupling_test_model(seed: int):
     return model.eval()
 
 
-def rel(a, b) -> float:
-    """Relative error of a against b (2-norms)."""
-    return ((a - b).norm() / b.norm()).item()
+INVERSE_SHAPES = {   # the kernels' width multiple (64) exactly, and narrower ones padded to it
+    "wn_channels 64, 3 layers": {"wn_channels": 64, "wn_layers": 3},
+    "wn_channels 8": {},
+    "the demo voice's: 80 channels, 2 flows, no early outputs": {
+        "wn_channels": 80, "n_flows": 2, "n_early_size": 0, "n_early_every": 2},
+}
 
 
-def _inverse_case(dtype_name: str, seed: int, frames: list[int]):
-    """The set-up the whole-inverse checks share: one fixed kernel config, a
-    _coupling_test_model, a batch of mels zero past each item's length, its
-    float32 inverse, and the plain torch FastWaveGlow in the dtype. Returns
-    (dtype, model, mel, frames, seeds, reference, plain)."""
+def waveglow_inverse_errors(dtype_name: str) -> dict:
+    """FastWaveGlow through the kernels (one fixed config) against the plain
+    torch FastWaveGlow in the same dtype and the float32 model, per shape of
+    INVERSE_SHAPES: items of 5, 8 and 2 frames in one batch, and each item
+    alone against the batch."""
     import torch
-    from tts_cli import kernels
+    from tts_cli.kernels import waveglow as wk
     from tts_cli.waveglow_fast import FastWaveGlow
-    from tiny_models import N_MEL
     dtype = getattr(torch, dtype_name)
-    kernels._FIXED_CONFIG = CONFIGS[1]
-    model = _coupling_test_model(seed=seed)
-    frames = torch.tensor(frames)
-    longest = int(frames.max())
-    mel = torch.randn(len(frames), N_MEL, longest) * (torch.arange(longest)[None, None, :] < frames[:, None, None])
-    seeds = torch.arange(5, 5 + len(frames))
-    with torch.inference_mode():
-        reference = model.infer(mel, frames, seeds, sigma=0.666)
-        plain = FastWaveGlow(model, dtype)
-    return dtype, model, mel, frames, seeds, reference, plain
-
-
-def coupling_errors(dtype_name: str) -> dict:
-    """Relative errors (C=32, L=3, 4 flows; items of 4, 7 and 2 frames, so
-    T = 224 steps) of each flow's coupling output, the matmul-fused form
-    against the plain torch one in the same dtype, and of whole WaveGlow
-    inverses: the matmul-fused against the plain one, and each against the
-    float32 model."""
-    import torch
-    from tts_cli.waveglow_fast import FastWaveGlow
-    dtype, model, mel, frames, seeds, reference, plain = _inverse_case(dtype_name, seed=3, frames=[4, 7, 2])
-    with torch.inference_mode():
-        matmul = FastWaveGlow(model, dtype, kernels_mode="matmul")
-        matmul._fused_coupling = lambda x: matmul._coupling_fused_matmul   # CPU, interpreted
-        paired = matmul.with_kernels("matmul_paired")
-        paired._fused_coupling = lambda x: paired._coupling_fused_matmul
-        persistent = matmul.with_kernels("matmul_persistent")
-        persistent._fused_coupling = lambda x: persistent._coupling_fused_matmul
-        padded = matmul.with_kernels("matmul_padded")
-        padded._fused_coupling = lambda x: padded._coupling_fused_padded
-        got_plain = plain.infer(mel, frames, seeds, 0.666)
-        got_matmul = matmul.infer(mel, frames, seeds, 0.666)
-        got_paired = paired.infer(mel, frames, seeds, 0.666)
-        got_padded = padded.infer(mel, frames, seeds, 0.666)
-        got_persistent = persistent.infer(mel, frames, seeds, 0.666)
-        windows = plain.frame_windows(mel)
-        keep = (torch.arange(7 * 32)[None, :] < frames[:, None] * 32)[..., None].to(dtype)
-        coupling = 0.0
-        for w in plain.flows:
-            a0 = torch.randn(3, 7 * 32, w.start.shape[0])
-            expected = plain.coupling(w, a0, windows, keep).float()
-            coupling = max(coupling, rel(matmul.coupling(w, a0, windows, keep).float(), expected))
-        # every row of the padded form's coupling (past each length too) against the plain one
-        coupling_padded = max(rel(padded.coupling(wp, a0, windows, keep).float(), plain.coupling(w, a0, windows, keep).float())
-                              for w, wp in zip(plain.flows, padded.flows)
-                              for a0 in [torch.randn(3, 7 * 32, w.start.shape[0])])
-    assert got_matmul.isfinite().all()
-    return {"coupling_matmul_vs_plain": coupling, "matmul_vs_plain": rel(got_matmul, got_plain),
-            "paired_vs_matmul": (got_paired - got_matmul).abs().max().item(),
-            "padded_vs_paired": (got_padded - got_paired).abs().max().item(),
-            "persistent_vs_paired": (got_persistent - got_paired).abs().max().item(),
-            "coupling_padded_vs_plain": coupling_padded, "matmul_vs_fp32_model": rel(got_matmul, reference),
-            "plain_vs_fp32_model": rel(got_plain, reference)}
-
-
-def fused_cond_errors(dtype_name: str) -> dict:
-    """FastWaveGlow "matmul_fused_cond" (the conditioning inside the taps+gate
-    product, rows phase-major) against the plain torch path and the float32
-    model: the whole inverse, every flow's coupling, and each item alone
-    against the batch (3 items, 8 frames, C = 32, 3 layers, dilations to 4,
-    so taps cross frames and phases and reach past items' lengths)."""
-    import torch
-    dtype, model, mel, frames, seeds, reference, plain = _inverse_case(dtype_name, seed=4, frames=[5, 8, 2])
-    with torch.inference_mode():
-        fused = plain.with_kernels("matmul_fused_cond")
-        fused._fused_coupling = lambda x: fused._coupling_fused_cond   # CPU, interpreted
-        got_plain = plain.infer(mel, frames, seeds, 0.666)
-        got_fused = fused.infer(mel, frames, seeds, 0.666)
-        alone = max((got_fused[i, : frames[i] * 256] - fused.infer(mel[i:i + 1, :, : frames[i]], frames[i:i + 1],
-                                                                     seeds[i:i + 1], 0.666)[0]).abs().max().item()
-                    for i in range(3))
-        windows = plain.frame_windows(mel)
-        keep = (torch.arange(8 * 32)[None, :] < frames[:, None] * 32)[..., None].to(dtype)
-        coupling = 0.0
-        for w, wf in zip(plain.flows, fused.flows):
-            a0 = torch.randn(3, 8 * 32, w.start.shape[0])
-            valid = keep.bool().expand(-1, -1, 2 * w.start.shape[0])   # rows past a length are not compared
-            expected = plain.coupling(w, a0, windows, keep).float()[valid]
-            coupling = max(coupling, rel(fused.coupling(wf, a0, windows, keep).float()[valid], expected))
-    assert got_fused.isfinite().all()
-    return {"fused_cond_vs_plain": rel(got_fused, got_plain), "coupling_fused_cond_vs_plain": coupling,
-            "alone_vs_batched": alone, "fused_cond_vs_fp32_model": rel(got_fused, reference),
-            "plain_vs_fp32_model": rel(got_plain, reference)}
+    wk._FIXED_CONFIG = CONFIGS[1]
+    result = {}
+    for name, shape in INVERSE_SHAPES.items():
+        model = _waveglow(seed=4, **shape)
+        frames = torch.tensor([5, 8, 2])
+        mel = torch.randn(3, model.dims.n_mel, 8) * (torch.arange(8)[None, None, :] < frames[:, None, None])
+        seeds = torch.tensor([5, 6, 7])
+        with torch.inference_mode():
+            reference = model.infer(mel, frames, seeds, sigma=0.666)
+            plain = FastWaveGlow(model, dtype, use_kernels=False).infer(mel, frames, seeds, 0.666)
+            fast = FastWaveGlow(model, dtype, use_kernels=True)
+            got = fast.infer(mel, frames, seeds, 0.666)
+            alone = max(worst(got[i, : frames[i] * 256],
+                              fast.infer(mel[i:i + 1, :, : frames[i]], frames[i:i + 1], seeds[i:i + 1], 0.666)[0])
+                        for i in range(3))
+        result[name] = {"kernels_vs_plain": rel(got, plain), "alone_vs_batched": alone,
+                        "kernels_vs_fp32_model": rel(got, reference), "plain_vs_fp32_model": rel(plain, reference),
+                        "finite": bool(got.isfinite().all())}
+        print(name, result[name], file=sys.stderr)
+    return result
 
 
 ATTENTION_SIZES = {  # R, A, F, K, E, T; rows valid for T, 20 and 5 positions
@@ -215,7 +161,7 @@ def attention_errors(dtype_name: str) -> dict:
     as the decoder keeps them), which must both be 0."""
     import dataclasses
     import torch
-    from tts_cli import kernels
+    from tts_cli.kernels import decoder as kernels
     from tts_cli.tacotron2 import PUBLISHED_DIMS, Attention
     dtype = getattr(torch, dtype_name)
     errors = {"context": 0.0, "weights": 0.0, "weights_cum": 0.0,
@@ -292,7 +238,7 @@ def prenet_errors(dtype_name: str) -> dict:
     which must be 0."""
     import dataclasses
     import torch
-    from tts_cli import kernels
+    from tts_cli.kernels import decoder as kernels
     from tts_cli.tacotron2 import PUBLISHED_DIMS, Prenet, prenet_keep_masks
     dtype = getattr(torch, dtype_name)
     errors = {"out": 0.0, "out_no_masks": 0.0, "batched_vs_alone": 0.0}
@@ -350,7 +296,7 @@ def _lstm_case(in_a: int, in_b: int, hidden: int, rows: int, dtype):
     weight and bias, and (a, b, h, c) in dtype, a and b read through a row
     stride of I_a + I_b + 7."""
     import torch
-    from tts_cli import kernels
+    from tts_cli.kernels import decoder as kernels
     torch.manual_seed(4)
     cell = torch.nn.LSTMCell(in_a + in_b, hidden).to(dtype).float()
     weight, bias = kernels.fuse_lstm_weights(cell.weight_ih.to(dtype), cell.weight_hh.to(dtype),
@@ -369,7 +315,7 @@ def lstm_errors(dtype_name: str) -> dict:
     abs errors of h' and c'; and the largest difference between a row
     computed in the batch and alone, which must be 0."""
     import torch
-    from tts_cli import kernels
+    from tts_cli.kernels import decoder as kernels
     dtype = getattr(torch, dtype_name)
     errors = {"h": 0.0, "c": 0.0, "batched_vs_alone": 0.0}
     defaults = kernels._LSTM_BLOCK_J, kernels._LSTM_BLOCK_K
@@ -400,7 +346,7 @@ def _few_programs() -> None:
     """Wide LSTM cell programs: the interpreter runs programs one at a time,
     and the default (one unit per program) made each decoder check take
     minutes; lstm_errors checks the default shape itself."""
-    from tts_cli import kernels
+    from tts_cli.kernels import decoder as kernels
     kernels._LSTM_BLOCK_J = 64
 
 
@@ -432,51 +378,37 @@ def _graph_decoder_errors(plug) -> dict:
             "mel": worst(mel, ref_mel) if mel.shape == ref_mel.shape else float("inf")}
 
 
-def fused_attention_decoder_errors(dtype_name: str) -> dict:
-    """_graph_decoder_errors with the fused attention kernel."""
-    return _fused_attention_decoder_errors(dtype_name, split_query=False)
-
-
-def split_query_decoder_errors(dtype_name: str) -> dict:
-    """_graph_decoder_errors with the few-row path's split attention (the
-    fused attention kernel given its query product from
-    kernels.query_product) put in every graph: the batch of 3 too."""
-    return _fused_attention_decoder_errors(dtype_name, split_query=True)
-
-
-def _fused_attention_decoder_errors(dtype_name: str, split_query: bool) -> dict:
+def decoder_kernels_errors(dtype_name: str) -> dict:
+    """_graph_decoder_errors with the kernels a batch of 3 runs: the fused
+    attention and prenet (the few-row kernels wait for graphs of one row)."""
     assert dtype_name == "float32"
 
     def plug(decoder_graph, model, cfg):
-        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True)
-        assert graphed.attention is None           # not on CUDA: the module path
-        graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer,
-                                                          split_query=split_query)
-        return graphed
+        return decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, use_kernels=True)
     return _graph_decoder_errors(plug)
 
 
-def fused_rnn_decoder_errors(dtype_name: str) -> dict:
-    """_graph_decoder_errors with the fused LSTM cell kernel for both cells."""
+def few_row_kernels_decoder_errors(dtype_name: str) -> dict:
+    """_graph_decoder_errors with every kernel: the few-row ones (both LSTM
+    cells, the projection and gate, the split attention) let into the batch
+    of 3."""
     assert dtype_name == "float32"
 
     def plug(decoder_graph, model, cfg):
-        # a batch of 3: the fused cells' batch limit raised so they run in it
-        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_rnn=True,
-                                               fused_rnn_max_batch=64)
-        assert graphed.few_rows is None   # not on CUDA
-        graphed.few_rows = decoder_graph.FewRowKernels.for_decoder(model.decoder, split_attention=False)
+        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, use_kernels=True)
+        graphed.few_rows_max_batch = 64
         return graphed
     _few_programs()
     return _graph_decoder_errors(plug)
 
 
 def fused_rnn_batch_limit_calls(dtype_name: str) -> dict:
-    """How many kernels.lstm_cell launches the graph decoder makes for a
-    batch of 3 and for one line, with fused_rnn on and the default batch
-    limit (1 row), the fused cells put in place as on CUDA."""
+    """How many kernels.lstm_cell and output_step launches the graph decoder
+    makes for a batch of 3 and for one line, at the default few-row limit
+    (1 row), with the kernels in place as on CUDA."""
     import torch
-    from tts_cli import decoder_graph, kernels
+    from tts_cli import decoder_graph
+    from tts_cli.kernels import decoder as kernels
     from tts_cli.batching import pad_sequences
     from tts_cli.tacotron2 import DecodeSettings
     from tiny_models import tiny_tacotron2
@@ -488,8 +420,7 @@ def fused_rnn_batch_limit_calls(dtype_name: str) -> dict:
     kernels.output_step = lambda *args: outputs.append(1) or launch_output(*args)
     model = tiny_tacotron2(seed=6)
     graphed = decoder_graph.GraphedDecoder(model, DecodeSettings(max_decoder_steps=8), steps_per_graph=8,
-                                           fused_rnn=True)
-    graphed.few_rows = decoder_graph.FewRowKernels.for_decoder(model.decoder, split_attention=False)
+                                           use_kernels=True)
     ids, lengths = pad_sequences([[12, 13, 14], [15, 16], [17, 18, 19, 20]])
     counts = {}
     with torch.inference_mode():
@@ -512,7 +443,7 @@ def output_errors(dtype_name: str) -> dict:
     be 0."""
     import dataclasses
     import torch
-    from tts_cli import kernels
+    from tts_cli.kernels import decoder as kernels
     from tts_cli.decoder_graph import _FusedOutput
     from tts_cli.tacotron2 import PUBLISHED_DIMS, Decoder
     dtype = getattr(torch, dtype_name)
@@ -551,26 +482,6 @@ def output_errors(dtype_name: str) -> dict:
     return errors
 
 
-def fused_step_decoder_errors(dtype_name: str) -> dict:
-    """_graph_decoder_errors with every fusion on: the fused attention,
-    prenet and LSTM cell kernels, and the projection and gate as one product
-    (which GraphedDecoder takes on any device)."""
-    assert dtype_name == "float32"
-
-    def plug(decoder_graph, model, cfg):
-        graphed = decoder_graph.GraphedDecoder(model, cfg, steps_per_graph=8, fused_attention=True,
-                                               fused_prenet=True, fused_output=True, fused_rnn=True,
-                                               fused_rnn_max_batch=64)
-        assert graphed.attention is None and graphed.prenet is None and graphed.output is not None
-        assert graphed.few_rows is None
-        graphed.attention = decoder_graph._FusedAttention(model.decoder.attention_layer)
-        graphed.prenet = decoder_graph._FusedPrenet(model.decoder.prenet)
-        graphed.few_rows = decoder_graph.FewRowKernels.for_decoder(model.decoder, split_attention=True)
-        return graphed
-    _few_programs()
-    return _graph_decoder_errors(plug)
-
-
 def interpreted(check: str, dtype: str) -> dict:
     """``check(dtype)`` run in a fresh process under Triton's interpreter."""
     root = Path(__file__).resolve().parent.parent
@@ -584,53 +495,26 @@ def interpreted(check: str, dtype: str) -> dict:
     return result
 
 
-def same_sums_retiled(error: float, tol: float) -> bool:
-    """Whether a layout that moves columns or rows to other places in the tiles
-    gave the same sums. On the GPU they are bitwise equal; under the
-    interpreter tl.dot is numpy's matmul, whose BLAS may add up a column in
-    another order where it sits elsewhere in the tile: one float32 rounding
-    (up to 3.6e-7 with numpy 2.4.6, OpenBLAS 0.3.31, triton 3.9). A wrongly
-    placed column or row is off by ~1."""
-    return error <= tol / 10
-
-
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-2)])
-def test_matmul_kernels_equal_torch_under_the_interpreter(dtype, tol):
+def test_waveglow_kernels_equal_torch_under_the_interpreter(dtype, tol):
     pytest.importorskip("triton")
-    errors = interpreted("kernel_errors", dtype)
+    errors = interpreted("waveglow_kernel_errors", dtype)
     # float16: one rounding of values up to ~8 (half an ulp: 4e-3)
-    assert errors["taps_gate"] < tol and errors["residual_update"] < tol
-    # the paired layout changes where columns sit, not the sums; taking the
-    # tiles in a loop changes nothing: bitwise equal
-    assert same_sums_retiled(errors["paired_vs_unpaired"], tol) and errors["persistent_vs_paired"] == 0.0
-    assert errors["approx_gate_vs_exact_on_cpu"] == 0.0
+    assert errors["taps_cond_gate"] < tol and errors["residual_update"] < tol
+    assert errors["all_rows_written"]
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-2)])
-def test_matmul_coupling_equals_the_plain_coupling_under_the_interpreter(dtype, tol):
+def test_fast_waveglow_through_the_kernels_equals_the_plain_path_for_every_width_under_the_interpreter(
+        dtype, tol):
     pytest.importorskip("triton")
-    errors = interpreted("coupling_errors", dtype)
-    assert errors["coupling_matmul_vs_plain"] < tol and errors["matmul_vs_plain"] < tol
-    assert same_sums_retiled(errors["paired_vs_matmul"], tol)   # "matmul_paired": the same sums
-    assert errors["persistent_vs_paired"] == 0.0   # "matmul_persistent": the same tiles in a loop
-    # "matmul_padded": the paired sums again over item-padded rows; x's rows
-    # past each length are zeros instead of unread values, which changes
-    # nothing any row reads
-    assert same_sums_retiled(errors["padded_vs_paired"], tol) and errors["coupling_padded_vs_plain"] < tol
-    # fp32 accumulation with one rounding: no less accurate than cuBLAS's products
-    assert errors["matmul_vs_fp32_model"] < 1.5 * errors["plain_vs_fp32_model"] + 1e-5
-
-
-@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 1e-2)])
-def test_the_conditioning_inside_the_taps_product_equals_the_plain_coupling_under_the_interpreter(dtype, tol):
-    pytest.importorskip("triton")
-    errors = interpreted("fused_cond_errors", dtype)
-    assert errors["fused_cond_vs_plain"] < tol and errors["coupling_fused_cond_vs_plain"] < tol
-    # a line's audio does not depend on the lines beside it in the rows
-    assert errors["alone_vs_batched"] < tol / 10
-    # the conditioning accumulated in float32 with the taps, one rounding:
-    # no less accurate than storing it in the model dtype first
-    assert errors["fused_cond_vs_fp32_model"] < 1.5 * errors["plain_vs_fp32_model"] + 1e-5
+    result = interpreted("waveglow_inverse_errors", dtype)
+    for name, errors in result.items():
+        assert errors["finite"] and errors["kernels_vs_plain"] < tol, name
+        # a line's audio does not depend on the lines beside it in the rows
+        assert errors["alone_vs_batched"] < tol / 10, name
+        # float32 accumulation with one rounding: no less accurate than plain torch
+        assert errors["kernels_vs_fp32_model"] < 1.5 * errors["plain_vs_fp32_model"] + 1e-5, name
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float16", 5e-3)])
@@ -646,12 +530,11 @@ def test_fused_attention_step_equals_the_attention_module_under_the_interpreter(
     assert errors["split_query_vs_one_launch"] == 0.0
 
 
-@pytest.mark.parametrize("check", ["fused_attention_decoder_errors", "split_query_decoder_errors",
-                                   "fused_rnn_decoder_errors", "fused_step_decoder_errors"],
-                         ids=["fused-attention", "split-query", "fused-lstm-cells", "every-fusion"])
-def test_graph_decoder_with_fused_parts_equals_the_eager_one_under_the_interpreter(check):
-    """The graph decoder's loop with the fused attention, the fused LSTM
-    cells, or every fusion: the eager decoder's stops, mel within 1e-4."""
+@pytest.mark.parametrize("check", ["decoder_kernels_errors", "few_row_kernels_decoder_errors"],
+                         ids=["batch-kernels", "every-kernel"])
+def test_graph_decoder_with_its_kernels_equals_the_eager_one_under_the_interpreter(check):
+    """The graph decoder's loop with the kernels a batch runs, and with the
+    few-row kernels too: the eager decoder's stops, mel within 1e-4."""
     pytest.importorskip("triton")
     result = interpreted(check, "float32")
     assert result["same_stops"] and len(set(result["frames"])) > 1, result
@@ -684,7 +567,7 @@ def test_fused_lstm_cell_equals_nn_lstmcell_under_the_interpreter(dtype, tol):
 
 def test_the_fused_lstm_cells_and_output_run_only_in_graphs_of_one_row_by_default():
     """Their programs read all the weights for every row, so larger batches
-    keep cuBLAS's products (fused_rnn_max_batch, default 1)."""
+    keep cuBLAS's products (GraphedDecoder.few_rows_max_batch, 1)."""
     pytest.importorskip("triton")
     result = interpreted("fused_rnn_batch_limit_calls", "float32")
     assert result["batch_of_3"] == 0 and result["outputs_batch_of_3"] == 0

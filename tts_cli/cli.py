@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from tts_cli.config import (BENCH_WARM_UPS, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES,
+from tts_cli.config import (CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES,
                             SAMPLE_FORMATS, ConfigError, load_settings)
 
 EXIT_LINE_ERRORS = 1
@@ -165,7 +165,7 @@ def _per_process(summary) -> str:
               show_default=True, help="Corpus format.")
 @click.option("--lines", type=click.IntRange(min=1), help="Use only the first N lines.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--baseline-lines", type=click.IntRange(min=1), default=20, show_default=True,
+@click.option("--baseline-lines", type=click.IntRange(min=1), default=10, show_default=True,
               help="Lines run through the naive batch-of-one loop for the speed-up ratio.")
 @click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available; under "
               "torchrun each process takes the GPU of its LOCAL_RANK]")
@@ -175,32 +175,21 @@ def _per_process(summary) -> str:
 @click.option("--end-to-end-only", is_flag=True,
               help="Only the corpus run end to end (audio seconds per wall second, startup): "
                    "the one-GPU figure to compare a torchrun bench with.")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
-              help="With --end-to-end-only: run the corpus this many times in the process and also "
-                   "report the later runs (a process's first run is slower).")
-@click.option("--warm-up", "warm_up", type=click.Choice(BENCH_WARM_UPS), default="batch",
-              show_default=True,
-              help="Before the clock starts: one line alone, or that and one full batch (CUDA).")
-@click.option("--profile", is_flag=True, help="Only print where WaveGlow's GPU time goes, by kernel.")
-def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision, json_path,
-          end_to_end_only, repeat, warm_up, profile):
+def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision, json_path, end_to_end_only):
     """Benchmark on random full-size weights (no download): one run, one table.
 
     \b
     Under torchrun, one process per GPU:
       torchrun --nproc_per_node=N -m tts_cli bench --batch-size 128 --json N.json
     only the end-to-end run is measured, over all N processes together (GPU
-    busy, decoder ms per step, TFLOP/s, the naive-loop baseline and --profile
-    describe one GPU and are skipped); rank 0 prints the table. Compare with
+    busy, decoder ms per step, TFLOP/s and the naive-loop baseline describe
+    one GPU and are skipped); rank 0 prints the table. Compare with
     --end-to-end-only on one GPU for the scaling ratio.
     """
     from tts_cli import distributed
     from tts_cli.bench import (SAMPLE_CORPUS, BenchSettings, format_end_to_end_table, format_table,
                                run_bench, write_json)
 
-    if repeat > 1 and not end_to_end_only:
-        fatal("--repeat needs --end-to-end-only (the full bench runs the corpus once and measures "
-              "its second run as the variant 'the running path again').")
     try:
         group = distributed.from_environment()
         if group is not None:
@@ -209,14 +198,9 @@ def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision,
         fatal(str(e))
     settings = BenchSettings(corpus=corpus or SAMPLE_CORPUS, format=format_, lines=lines,
                              batch_size=batch_size, baseline_lines=baseline_lines,
-                             device=device, precision=precision, end_to_end_only=end_to_end_only,
-                             repeat=repeat, warm_up=warm_up)
+                             device=device, precision=precision, end_to_end_only=end_to_end_only)
     if group is not None:
         _bench_processes(settings, group, json_path)
-        return
-    if profile:
-        from tts_cli.bench import profile_only
-        click.echo(profile_only(settings))
         return
     try:
         result = run_bench(settings, echo=lambda m: click.echo(m, err=True))

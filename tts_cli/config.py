@@ -19,10 +19,6 @@ from tts_cli.corpus import FORMATS as CORPUS_FORMATS
 
 DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")
-# What `tts-batch bench` runs before its clock starts: "line", one short line
-# alone (its warm-up until the seventh session); "batch", that and then one
-# full batch (CUDA only).
-BENCH_WARM_UPS = ("line", "batch")
 
 
 class ConfigError(ValueError):

@@ -12,33 +12,18 @@ Off CUDA the same static-buffer loop runs without capture, so the CPU tests
 check this module's bookkeeping (padding rows, stop flags, late reads) against
 the eager decoder.
 
-With ``fused_attention=True`` (CUDA with Triton only) each step's attention
-block (~12 small kernels: query product, location convolution and dense
-layer, tanh, energies, masked softmax, context, cumulative add) runs as one
-Triton launch, ``kernels.attention_step``; off by default. Two more
-fusions, off by default too: ``fused_prenet=True`` (CUDA with Triton only)
-runs the prenet (2 products, 2 relus, 2 dropout masks, the masks drawn in
-the kernel from each row's seed and the step) as one launch,
-``kernels.prenet_step``; ``fused_output=True`` (any device, plain torch)
-computes the frame and the gate logit with one product over the projection
-and gate weights stacked once (``_FusedOutput``), instead of two. And
-``fused_rnn=True`` (CUDA with Triton only, off by default) runs each of the
-two LSTM cells (a concatenation, two products and the pointwise cell update)
-as one launch, ``kernels.lstm_cell``: its two inputs read in place (no
-concatenation), [W_ih | W_hh] stored once per cell (``_FusedLSTMCell``);
-and the projection and gate layer as one launch, ``kernels.output_step``,
-which writes the frame and the gate logit straight into the graph's buffers;
-with ``fused_attention`` too, the attention's query product runs as a launch
-of its own over many programs (``kernels.query_product``) instead of inside
-the attention kernel's one program per row.
-Each row's programs read all of the weights, so these kernels only run in
-graphs of at most ``fused_rnn_max_batch`` rows (default 1); larger batches
-keep cuBLAS's products, which read the weights once for all rows (on an H200
-every fusion with the LSTM cells at batch 128 ran the job 0.83x as fast).
-At batch 1 the step is then eight launches (BENCHMARKS.md, runs U-W).
-
-Every fusion is off in this class by default; ``engine.DECODER_FUSIONS``
-says which ones the tool runs (the attention, the prenet and fused_rnn).
+On CUDA with Triton the step's small kernels are fused (``kernels.decoder``):
+the attention block (~12 small kernels: query product, location convolution
+and dense layer, tanh, energies, masked softmax, context, cumulative add)
+and the prenet (2 products, 2 relus, 2 dropout masks drawn in the kernel
+from each row's seed and the step) each run as one launch. In graphs of one
+row (``few_rows_max_batch``) each LSTM cell (both products and the cell
+update, its two inputs read in place) and the projection and gate layer run
+as one launch too, and the attention's query product as a launch of its own
+over many programs: those kernels' programs each read all of the weights
+for their row, so larger batches keep cuBLAS's products, which read them once
+for all rows (on an H200 the fused LSTM cells at batch 128 ran the job 0.83x
+as fast). At batch 1 a step is then eight launches.
 """
 from __future__ import annotations
 
@@ -48,7 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tts_cli import kernels
+from tts_cli import kernels as triton_kernels
+from tts_cli.kernels import decoder as kernels
 from tts_cli.tacotron2 import (Attention, DecodeSettings, Decoder, DecoderState, Prenet, Tacotron2,
                                masks_for_steps)
 
@@ -124,25 +110,17 @@ class _FusedPrenet:
 
 class _FusedOutput:
     """``Decoder.step``'s projection (D -> n_mel) and gate layer (D -> 1) as
-    one product: their weights and biases stacked once, here, into an
-    (n_mel + 1, D) weight and an (n_mel + 1,) bias; the frame and the gate
-    logit are views of the one (B, n_mel + 1) result (the frame's rows are
-    n_mel + 1 apart)."""
+    one launch of ``kernels.output_step``: their weights and biases stacked
+    once, here, into an (n_mel + 1, D + E) weight and an (n_mel + 1,) bias."""
 
     def __init__(self, decoder: Decoder):
         projection, gate = decoder.linear_projection.linear_layer, decoder.gate_layer.linear_layer
-        self.n_mel = projection.weight.shape[0]
-        self.weight = torch.cat((projection.weight, gate.weight)).detach()
+        self.weight = torch.cat((projection.weight, gate.weight)).detach().contiguous()
         self.bias = torch.cat((projection.bias, gate.bias)).detach()
 
-    def __call__(self, decoder_hidden: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
-        out = torch.addmm(self.bias, torch.cat((decoder_hidden, context), 1), self.weight.t())
-        return out[:, :self.n_mel], out[:, self.n_mel]
-
     def into(self, frame_out: Tensor, gate_out: Tensor):
-        """The same as a hook that runs ``kernels.output_step`` (one launch,
-        no concatenation) and writes the frame and the gate logit straight
-        into ``frame_out`` and ``gate_out``."""
+        """The output hook that writes the frame and the gate logit straight
+        into ``frame_out`` and ``gate_out`` (no concatenation of its inputs)."""
         def output(decoder_hidden: Tensor, context: Tensor) -> tuple[Tensor, Tensor]:
             return kernels.output_step(decoder_hidden, context, self.weight, self.bias, frame_out, gate_out)
         return output
@@ -167,36 +145,35 @@ class _FusedLSTMCell:
 
 @dataclass
 class FewRowKernels:
-    """fused_rnn's kernels, whose programs each read all of the weights for
-    their row, so they run only in graphs of at most ``fused_rnn_max_batch``
-    rows: both LSTM cells, the projection and gate (writing straight into
-    the graph's buffers), and with ``fused_attention`` the attention with its
-    query product split off."""
+    """The kernels whose programs each read all of the weights for their
+    row, so they run only in graphs of at most ``few_rows_max_batch`` rows:
+    both LSTM cells, the projection and gate (writing straight into the
+    graph's buffers), and the attention with its query product split off."""
     attention_rnn: _FusedLSTMCell
     decoder_rnn: _FusedLSTMCell
     output: _FusedOutput
-    attention: _FusedAttention | None
+    attention: _FusedAttention
 
     @classmethod
-    def for_decoder(cls, decoder: Decoder, split_attention: bool) -> "FewRowKernels":
+    def for_decoder(cls, decoder: Decoder) -> "FewRowKernels":
         return cls(_FusedLSTMCell(decoder.attention_rnn), _FusedLSTMCell(decoder.decoder_rnn),
-                   _FusedOutput(decoder),
-                   _FusedAttention(decoder.attention_layer, split_query=True) if split_attention else None)
+                   _FusedOutput(decoder), _FusedAttention(decoder.attention_layer, split_query=True))
 
 
 class GraphedDecoder:
-    """``fused_attention``, ``fused_prenet``, ``fused_rnn`` (CUDA with Triton
-    only; elsewhere the modules run) and ``fused_output`` (any device):
-    candidate fusions of a step's small kernels, each off by default; see the
-    module docstring."""
+    """The decoder loop over static buffers, replayed from CUDA graphs on
+    CUDA; see the module docstring."""
+
+    # graphs of at most this many rows run the few-row kernels
+    few_rows_max_batch = 1
 
     def __init__(self, model: Tacotron2, cfg: DecodeSettings, steps_per_graph: int = 16,
-                 memory_bucket: int = 32, fused_attention: bool = False,
-                 fused_prenet: bool = False, fused_output: bool = False,
-                 fused_rnn: bool = False, fused_rnn_max_batch: int = 1):
+                 memory_bucket: int = 32, use_kernels: bool | None = None):
+        """``use_kernels``: run the fused Triton kernels (None: where they
+        can run, on CUDA with Triton; tests pass True to run them under
+        Triton's interpreter)."""
         self.model, self.cfg = model, cfg
         self.k, self.memory_bucket = steps_per_graph, memory_bucket
-        self.fused_rnn_max_batch = fused_rnn_max_batch
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.capture_seconds = 0.0       # spent capturing graphs, in all (the bench reports it)
         self.on_cuda = next(model.parameters()).is_cuda
@@ -209,30 +186,14 @@ class GraphedDecoder:
         self.flag = torch.zeros((), dtype=torch.bool)
         if self.on_cuda:
             self.flag = self.flag.pin_memory()
-        # The fused attention kernel, where it can run (CUDA with Triton);
-        # None: the attention module's own kernels.
-        triton_ok = self.on_cuda and kernels.available()
-        self.attention = (_FusedAttention(model.decoder.attention_layer)
-                          if fused_attention and triton_ok else None)
-        # The fused prenet kernel (two layers exactly, as published), where it
-        # can run; None: the prenet module.
-        self.prenet = (_FusedPrenet(model.decoder.prenet)
-                       if fused_prenet and triton_ok and len(model.decoder.prenet.layers) == 2 else None)
-        # One product for the frame and the gate (plain torch: any device);
-        # None: the two layers.
-        self.output = _FusedOutput(model.decoder) if fused_output else None
-        # In graphs of few rows, where they can run; None: the modules (and
-        # the fusions above) at every batch size.
-        self.few_rows = (FewRowKernels.for_decoder(model.decoder, split_attention=self.attention is not None)
-                         if fused_rnn and triton_ok else None)
-
-    @property
-    def fusions(self) -> set[str]:
-        """The fusions this decoder runs, by their constructor flags (one
-        asked for where it cannot run is not among them)."""
-        hooks = {"fused_attention": self.attention, "fused_prenet": self.prenet,
-                 "fused_output": self.output, "fused_rnn": self.few_rows}
-        return {flag for flag, hook in hooks.items() if hook is not None}
+        if use_kernels is None:
+            use_kernels = self.on_cuda and triton_kernels.available()
+        decoder = model.decoder
+        # None where the modules run instead
+        self.attention = _FusedAttention(decoder.attention_layer) if use_kernels else None
+        # the prenet kernel is two layers, as published
+        self.prenet = _FusedPrenet(decoder.prenet) if use_kernels and len(decoder.prenet.layers) == 2 else None
+        self.few_rows = FewRowKernels.for_decoder(decoder) if use_kernels else None
 
     @torch.inference_mode()
     def decode(self, ids: Tensor, lengths: Tensor, seeds: Tensor,
@@ -347,8 +308,8 @@ class GraphedDecoder:
         kernels a step."""
         cfg = self.cfg
         state = g.state
-        rows = self.few_rows if g.seeds.shape[0] <= self.fused_rnn_max_batch else None
-        attention = rows.attention if rows is not None and rows.attention is not None else self.attention
+        rows = self.few_rows if g.seeds.shape[0] <= self.few_rows_max_batch else None
+        attention = rows.attention if rows is not None else self.attention
         if self.prenet is not None:   # the fused prenet draws each step's masks itself
             masks = ([kernels.StepDropout(g.seeds, g.step, j, cfg.prenet_dropout) for j in range(self.k)]
                      if cfg.prenet_dropout > 0 else None)
@@ -357,7 +318,7 @@ class GraphedDecoder:
                                     g.memory.dtype)
         for j in range(self.k):
             # the output kernel writes the frame and gate where they are kept
-            output = rows.output.into(g.frames[j], g.gates[j]) if rows is not None else self.output
+            output = rows.output.into(g.frames[j], g.gates[j]) if rows is not None else None
             state, gate = self.model.decoder.step(
                 state, g.memory, g.processed, g.invalid, masks[j] if masks is not None else None,
                 attention=attention, prenet=self.prenet, output=output,

@@ -20,7 +20,7 @@ from tts_cli.batching import pad_sequences
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.waveglow import Denoiser, WaveGlow
-from tts_cli.waveglow_fast import FastWaveGlow, waveglow_rows_within
+from tts_cli.waveglow_fast import FastWaveGlow, supports, waveglow_rows_within
 
 _DONE = object()   # end-of-stream marker between pipeline threads
 
@@ -117,44 +117,20 @@ class Result:
     truncated: bool         # hit max_decoder_steps without the gate firing
 
 
-# What the fast path runs on CUDA, chosen by `tts-batch bench` measurements on
-# an H200 (BENCHMARKS.md, 2026-11-29), each against the alternative in the same
-# run: the decoder's attention as one fused kernel (0.066 against 0.088 ms per
-# step at batch 1; 1.23M against 1.03M frames/s at batch 128), then its prenet
-# too (0.075 against 0.082 ms; 1.25M against 1.21M frames/s); WaveGlow's
-# matmul-fused kernels (438.6 against 404.7 TFLOP/s), then with the gate's
-# columns paired (460.7 against 443.8). In graphs of one row, the few-row
-# kernels (fused_rnn: both LSTM cells, the projection and gate, the split
-# query product; 37.9 against 61.0 us per step at batch 1, run V's profile,
-# 2026-11-30). WaveGlow's conditioning inside the paired taps+gate product,
-# over phase-major rows (matmul_fused_cond: WaveGlow alone 1.096x, end to end
-# 1.091x over matmul_paired, run X, 2026-12-01). The bench measures the
-# alternatives beside these.
-DECODER_FUSIONS = {"fused_attention": True, "fused_prenet": True, "fused_rnn": True}
-WAVEGLOW_KERNELS = "matmul_fused_cond"
-# The gate in WaveGlow's taps+gate epilogue from the GPU's tanh instruction on
-# float16 pairs (kernels.GATE_FORMS; float32 stays exact). H200 (BENCHMARKS.md):
-# the exact gate took 39 % of that kernel's time (run R); WaveGlow alone ran
-# 1.11-1.12x faster than with it and 1.02x faster than with the instruction on
-# float32, end to end 1.03-1.04x (runs S, T).
-WAVEGLOW_GATE = "tanh_approx_pairs"
 # Both streams run at the default CUDA priority: the decoder's stream at the
-# highest (-1) measured 0.992x, 0.994x and 1.003x end to end on H200s
-# (BENCHMARKS.md, runs E-G).
+# highest measured no faster end to end (BENCHMARKS.md, what each step bought).
 # Queue each batch's WaveGlow work before waiting for the previous batch's
 # copies to the host (pinned buffers, asynchronous copies), so WaveGlow's
-# stream does not idle while this thread hands a batch on. H200, runs G and
-# H (BENCHMARKS.md): 1.046x and 1.036x end to end over handing each batch on
-# first, GPU busy 96.2 -> 97.5 %; the bench keeps measuring the old way.
+# stream does not idle while this thread hands a batch on (1.04x end to end
+# on an H200).
 OVERLAP_BATCHES = True
 # The denoiser's spectra for at most this many bytes of a batch at once.
 DENOISER_SLICE_BYTES = 2 ** 30
 # On CUDA the denoiser transforms this many frames at a time: cuFFT makes a
 # plan for each new transform shape, and with shapes following the batch a
 # process's first corpus run made a pair for every batch length, which cost
-# it 7-17 % against its later runs. H200, run Q (BENCHMARKS.md): first runs
-# 818.0 -> 865.2 audio s/s with 4,096 frames; run R: 16,384 frames 1.023x
-# over 4,096 in the same process (fewer, larger transforms).
+# it 7-17 % against its later runs; 16,384 frames ran 1.02x faster than
+# 4,096 on an H200 (fewer, larger transforms).
 DENOISER_FFT_ROWS = 16384
 
 
@@ -162,12 +138,14 @@ class Engine:
     """Tacotron2 + WaveGlow + denoiser on one device, in one dtype.
 
     The fast paths run by default: WaveGlow as large matrix products
-    (waveglow_fast.py; on CUDA with fused Triton kernels, on CPU in plain
-    torch, where it is also faster than the plain model: 2026-11-30, 2 cores,
-    fp32, 1.35x for the published WaveGlow, 2.4x for the demo voice's, at the
-    cost of its folded conditioning weights: +2.3 GB of memory and +4.4 s to
-    build for the published one), and on CUDA the decoder replayed from CUDA
-    graphs (decoder_graph.py). ``eager()`` gives the same engine without
+    (waveglow_fast.py; on CUDA through Triton kernels, on CPU in plain
+    torch, where it is also faster than the plain model: 1.35x for the
+    published WaveGlow and 2.4x for the demo voice's on 2 cores in fp32, at
+    the cost of its folded conditioning weights: +2.3 GB of memory and +4.4 s
+    to build for the published one), and on CUDA the decoder replayed from
+    CUDA graphs through its kernels (decoder_graph.py). A WaveGlow the fast
+    path cannot serve (``waveglow_fast.supports``) runs as the plain model,
+    and ``notices`` says so. ``eager()`` gives the same engine without
     them: the plain model code, as the reference runs it.
     """
 
@@ -181,17 +159,23 @@ class Engine:
         # float32 weights, before the model is cast.
         self.inverse_weights = [w.to(device) for w in waveglow.float().inverse_weights()]
         self.fast = fast
+        # One-line notices for the run: a model the fast path cannot serve runs plain.
+        self.notices: list[str] = []
         # built from the float32 weights too (the folds are computed in float32)
-        self.fast_waveglow = (FastWaveGlow(waveglow.to(device), dtype, WAVEGLOW_KERNELS, WAVEGLOW_GATE)
-                              if self.fast else None)
+        self.fast_waveglow = None
+        if self.fast and supports(waveglow.dims):
+            self.fast_waveglow = FastWaveGlow(waveglow.to(device), dtype)
+        elif self.fast:
+            self.notices.append(f"this WaveGlow's dilated convolutions have {waveglow.dims.wn_kernel} taps; "
+                                "the fast path needs 3, so it runs as the plain model (slower)")
         self.tacotron2 = tacotron2.to(device=device, dtype=dtype).eval()
         self.waveglow = waveglow.to(device=device, dtype=dtype).eval()
         on_gpu = self.fast and device.type == "cuda"
-        self.graphed = GraphedDecoder(self.tacotron2, settings.decode, **DECODER_FUSIONS) if on_gpu else None
+        self.graphed = GraphedDecoder(self.tacotron2, settings.decode) if on_gpu else None
         # WaveGlow runs over at most this many (item x group step) rows at once,
         # which bounds its memory whatever the batch (15 GiB: ~1M rows in fp16).
-        self.max_waveglow_rows = waveglow_rows_within(settings.waveglow_memory_gib * 2 ** 30,
-                                                      self.waveglow.dims, dtype)
+        dims = self.fast_waveglow.padded_dims if self.fast_waveglow is not None else self.waveglow.dims
+        self.max_waveglow_rows = waveglow_rows_within(settings.waveglow_memory_gib * 2 ** 30, dims, dtype)
         self.denoiser = (Denoiser.for_model(self.waveglow, dtype)
                          if settings.denoiser_strength > 0 else None)
         if self.denoiser is not None and device.type == "cuda":
@@ -238,7 +222,7 @@ class Engine:
 
     def _vocode(self, mel, frames, seeds):
         sigma = self.settings.sigma
-        if self.fast:
+        if self.fast and self.fast_waveglow is not None:
             return self.fast_waveglow.infer(mel, frames, seeds, sigma)
         return self.waveglow.infer(mel, frames, seeds, sigma, self.inverse_weights)
 

@@ -21,7 +21,7 @@ from torch import Tensor
 _MASK32 = 0xFFFFFFFF
 _M1 = 0x7FEB352D
 _M2 = 0x5BD1E995
-MIX_MULTIPLIERS = (_M1, _M2)   # mix32's, for the kernels that draw the same bits (kernels._mix32)
+MIX_MULTIPLIERS = (_M1, _M2)   # mix32's, for the kernels that draw the same bits (kernels.decoder._mix32)
 
 # Stream numbers: the prenet's layers use 1, 2, ...; WaveGlow's noise from here.
 NOISE_STREAM = 64

@@ -61,7 +61,19 @@ class Tacotron2Dims:
             postnet_convs=_count(sd, "postnet.convolutions.", ".0.conv.weight"),
             postnet_dim=post_conv.shape[0],
             postnet_kernel=post_conv.shape[2],
-        )
+        ).checked()
+
+    def checked(self) -> "Tacotron2Dims":
+        """These dimensions, or ValueError naming what no Tacotron2 can run:
+        its convolutions keep the length only with odd kernels (padding
+        (k-1)/2 on each side), and its bidirectional encoder LSTM gives each
+        direction half the width."""
+        for name in ("encoder_kernel", "location_kernel", "postnet_kernel"):
+            if getattr(self, name) % 2 == 0:
+                raise ValueError(f"{name} is {getattr(self, name)}; Tacotron2's convolutions need odd kernels")
+        if self.embedding_dim % 2:
+            raise ValueError(f"embedding_dim is {self.embedding_dim}; the bidirectional encoder needs it even")
+        return self
 
 
 def _count(sd: dict[str, Tensor], prefix: str, suffix: str) -> int:

@@ -166,7 +166,9 @@ def make_engine(settings: Settings, notices: list[str]) -> Engine:
     if voice.notice:
         notices.append(voice.notice)
     tacotron2, waveglow = load_models(settings, voice)
-    return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, voice))
+    engine = Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, voice))
+    notices.extend(engine.notices)
+    return engine
 
 
 def synthesis_settings(s: Settings, voice: Voice | None = None) -> SynthesisSettings:

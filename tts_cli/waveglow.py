@@ -57,7 +57,22 @@ class WaveGlowDims:
             # The stride is not stored in the weights; NVIDIA's WaveGlow always
             # upsamples with stride = kernel / 4 (1024 / 256 in the published file).
             hop_length=up.shape[2] // 4,
-        )
+        ).checked()
+
+    def checked(self) -> "WaveGlowDims":
+        """These dimensions, or ValueError naming what no WaveGlow can run:
+        every flow splits its channels in halves, a mel frame is a whole
+        number of groups, and a dilated convolution keeps the length only
+        with an odd kernel."""
+        remaining = [self.n_group - self.n_early_size * (k // self.n_early_every) for k in range(self.n_flows)]
+        if any(c <= 0 or c % 2 for c in remaining):
+            raise ValueError(f"flows of {remaining} channels; each must be even and positive")
+        if self.hop_length % self.n_group or self.upsample_kernel % 4:
+            raise ValueError(f"an upsampler of kernel {self.upsample_kernel} (hop {self.hop_length}) does not "
+                             f"give whole groups of {self.n_group} samples")
+        if self.wn_kernel % 2 == 0:
+            raise ValueError(f"wn_kernel is {self.wn_kernel}; WaveGlow's dilated convolutions need odd kernels")
+        return self
 
 
 class WN(nn.Module):

@@ -11,44 +11,26 @@ the matmul rate on the shapes inside WaveGlow (DESIGN.md):
   is also what makes a batched item equal the item alone);
 * the upsampler (a transposed convolution) and each flow's conditioning layer
   are both linear, so they are folded into one matrix applied to the mel
-  frames directly: the group step t = 32q + p sees mel frames q-3..q through
-  phase p's weights, so one product per flow maps each frame's 4-frame window
-  (K = 4 x 80) to the conditioning of its 32 group steps (N = 32 x 2CL). That
-  is half the multiply-adds of upsampling then conditioning, and no upsampled
-  mel is ever stored. The dilated convolutions' biases are folded in too;
+  frames directly: group step t = P q + p sees mel frames q-J+1..q through
+  phase p's weights, so per layer one product maps each frame's window
+  (K = J x n_mel) to the conditioning of its P group steps. That is half the
+  multiply-adds of upsampling then conditioning, and no upsampled mel is ever
+  stored. The dilated convolutions' biases are folded in too;
 * the skip outputs are only ever summed and fed to the (linear) end layer, so
   each layer's gated activations are kept side by side and one product with
   the skip weights and the end layer folded together, (L*C, 2*n_half), gives
   the flow's output: per layer only the residual half (C -> C) is computed.
 
-On CUDA with Triton, the elementwise work between the products runs fused
-(kernels.py), in one of these forms (``kernels_mode``): "elementwise", cuBLAS
-products with two fused passes per layer between them (gate; residual add and
-the next layer's taps buffer), or "matmul", our own products with that work
-in their prologue and epilogues (the dilated convolution reads x's shifted
-rows itself and applies the gate; the residual product adds into x), so no
-elementwise pass is left; or "matmul_paired", the same with the gate's tanh
-and sigmoid columns interleaved in the taps weights, so that product is one
-accumulator twice as wide instead of two; or "matmul_padded", that product
-over a copy of x with zero rows around each item, whose shifted tiles the
-tensor memory accelerator loads without masks (it needs a Triton with
-host-side tensor descriptors: asked for on CUDA without them, it is refused);
-or "matmul_persistent", "matmul_paired"'s product from one or two programs per SM
-looping over the tiles, its tile loop and K loop pipelined as one where the
-autotuner finds that faster; or "matmul_fused_cond" (the default on CUDA),
-"matmul_paired" with each layer's share of the folded conditioning as 4 x 80
-more K rows of its taps+gate product (kernels.taps_cond_gate), so that the
-(rows, 2CL) conditioning is never stored: a row block must then share one
-phase's weights, so from the first flow to the last the rows are
-phase-major (kernels.PhaseRows). In the "matmul" forms the gate's tanh and
-sigmoid are computed as ``gate`` says (kernels.GATE_FORMS: exactly, or with
-the GPU's tanh instruction; 16-bit dtypes only).
-
-Weights are re-laid once at construction; nothing here does I/O.
+Each layer's gate columns are paired (tanh j, sigmoid j side by side), the
+layout the CUDA kernels read. On CUDA with Triton each layer runs as the two
+fused products of ``kernels.waveglow`` over phase-major rows, in a model
+padded with zero channels to the kernels' width multiple (zero channels stay
+zero through every layer and add nothing to any output); elsewhere the same
+weights run as plain torch. Weights are re-laid once at construction;
+nothing here does I/O.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
 
 import torch
@@ -56,37 +38,41 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from tts_cli import kernels, randomness
-from tts_cli.waveglow import WaveGlow
+from tts_cli.kernels import waveglow as wg_kernels
+from tts_cli.waveglow import WaveGlow, WaveGlowDims
 
 
 @dataclass(frozen=True)
 class FlowWeights:
-    """One flow's weights as (K, N) matrices for ``x @ W``."""
-    start: Tensor            # (n_half, C)
-    start_bias: Tensor       # (C,)
-    cond: Tensor             # (J*n_mel, P*2*C*L): frame window -> P group steps' conditioning
-    cond_bias: Tensor        # (P*2*C*L,) upsampler, conditioning and dilated-convolution biases
-    taps: list[Tensor]       # per layer (3*C, 2*C): rows [x(t-d) | x(t) | x(t+d)]
-    res: list[Tensor]        # per layer but the last (C, C): the residual half of res_skip
+    """One flow's weights as (K, N) matrices for ``x @ W``, C channels
+    (the model's, or padded with zero channels for the kernels)."""
+    start: Tensor              # (n_half, C)
+    start_bias: Tensor         # (C,)
+    taps: list[Tensor]         # per layer (3C, 2C): rows [x(t-d) | x(t) | x(t+d)], gate columns paired
+    cond: list[Tensor]         # per layer (WIN, P, 2C): frame window -> P group steps, paired
+    cond_bias: list[Tensor]    # per layer (2C,) paired: upsampler, conditioning, dilated convolution
+    res: list[Tensor]          # per layer but the last (C, C): the residual half of res_skip
     res_bias: list[Tensor]
-    skip_end: Tensor         # (L*C, 2*n_half): every layer's skip half, then the end layer
-    skip_end_bias: Tensor    # (2*n_half,)
-    inverse: Tensor          # (c, c) float32: audio @ inverse == W^-1 applied per step
-    paired_taps: list[Tensor] | None = None   # "matmul_paired"/"_padded": kernels.pair_gate_columns(taps)
-    # "matmul_fused_cond", per layer: cond's columns for the layer, (P, J*n_mel, 2C)
-    # paired (kernels.pair_phase_conditioning), and their bias (2C,)
-    phase_cond: list[Tensor] | None = None
-    phase_cond_bias: list[Tensor] | None = None
+    skip_end: Tensor           # (L*C, 2*n_half): every layer's skip half, then the end layer
+    skip_end_bias: Tensor      # (2*n_half,)
+    inverse: Tensor            # (c, c) float32: audio @ inverse == W^-1 applied per step
 
 
 def _matrix(conv_weight: Tensor) -> Tensor:
     # Conv1d weight (out, in, 1) -> (in, out)
-    return conv_weight.squeeze(2).t().contiguous()
+    return conv_weight.squeeze(2).t()
+
+
+def _pad(t: Tensor, dim: int, size: int) -> Tensor:
+    """``t`` zero-padded at the end of dimension ``dim`` to ``size``."""
+    pad = [0, 0] * (t.dim() - 1 - dim % t.dim()) + [0, size - t.shape[dim]]
+    return F.pad(t, pad)
 
 
 def _folded_conditioning(model: WaveGlow, k: int) -> tuple[Tensor, Tensor]:
-    """The upsampler followed by flow k's conditioning layer, as one matrix from
-    a window of J mel frames to P group steps (float32)."""
+    """The upsampler followed by flow k's conditioning layer, as one (float32)
+    map from a window of J mel frames to P group steps: weights (J*n_mel, P,
+    2CL) and bias (2CL,), the dilated convolutions' biases included."""
     d, wn = model.dims, model.WN[k]
     taps, phases = d.upsample_kernel // d.hop_length, d.hop_length // d.n_group   # J = 4, P = 32
     up = model.upsample.weight.float()                                        # (I, C, kernel)
@@ -96,46 +82,51 @@ def _folded_conditioning(model: WaveGlow, k: int) -> tuple[Tensor, Tensor]:
     folded = torch.einsum("ocg,icjpg->jipo", cond, up).flip(0)                 # window slot k = J-1-j
     in_bias = torch.cat([layer.bias for layer in wn.in_layers]).float()
     bias = cond.sum(2) @ model.upsample.bias.float() + wn.cond_layer.bias.float() + in_bias
-    return folded.reshape(taps * d.n_mel, -1), bias.repeat(phases)
+    return folded.reshape(taps * d.n_mel, phases, -1), bias
 
 
-def _folded_skip_end(model: WaveGlow, k: int) -> tuple[Tensor, Tensor]:
-    """end(sum_i skip_i(acts_i)) = [acts_0 | ... | acts_L-1] @ W + b (float32)."""
+def _flow_weights(model: WaveGlow, k: int, dtype: torch.dtype, channels: int, window: int) -> FlowWeights:
+    """Flow k's weights in ``dtype``, padded with zero channels to
+    ``channels`` and zero window columns to ``window``."""
     wn = model.WN[k]
-    c = wn.channels
-    end, end_bias = _matrix(wn.end.weight).float(), wn.end.bias.float()
-    skips = [_matrix(layer.weight).float()[:, -c:] for layer in wn.res_skip_layers]   # (C, C) each
-    skip_biases = [layer.bias.float()[-c:] for layer in wn.res_skip_layers]
-    return torch.cat(skips) @ end, sum(skip_biases) @ end + end_bias
-
-
-def _flow_weights(model: WaveGlow, k: int, dtype: torch.dtype) -> FlowWeights:
-    wn = model.WN[k]
+    c, layers = wn.channels, len(wn.in_layers)
     cast = lambda t: t.detach().to(dtype).contiguous()
-    c = wn.channels
+    square = lambda t: _pad(_pad(t, 0, channels), 1, channels)          # (C, C) -> (channels, channels)
     cond, cond_bias = _folded_conditioning(model, k)
-    skip_end, skip_end_bias = _folded_skip_end(model, k)
+    per_layer = lambda t, i: t[..., 2 * c * i: 2 * c * (i + 1)]
+    # (2C, C, 3) -> per tap (C, 2C), padded and paired, stacked: (3 channels, 2 channels)
+    taps = [torch.cat([_pad(wg_kernels.paired_gate_columns(layer.weight[:, :, j].t(), channels), 0, channels)
+                       for j in range(3)]) for layer in wn.in_layers]
+    end = _matrix(wn.end.weight).float()
+    skips = [_pad(_matrix(layer.weight).float()[:, -c:] @ end, 0, channels) for layer in wn.res_skip_layers]
+    skip_bias = sum(layer.bias.float()[-c:] for layer in wn.res_skip_layers) @ end + wn.end.bias.float()
     residual_layers = wn.res_skip_layers[:-1]
     return FlowWeights(
-        start=cast(_matrix(wn.start.weight)), start_bias=cast(wn.start.bias),
-        cond=cast(cond), cond_bias=cast(cond_bias),
-        # (2C, C, 3) -> (3, C, 2C) -> (3C, 2C): tap j multiplies x(t + (j-1)d)
-        taps=[cast(layer.weight.permute(2, 1, 0).reshape(3 * c, 2 * c)) for layer in wn.in_layers],
-        res=[cast(_matrix(layer.weight)[:, :c]) for layer in residual_layers],
-        res_bias=[cast(layer.bias[:c]) for layer in residual_layers],
-        skip_end=cast(skip_end), skip_end_bias=cast(skip_end_bias),
+        start=cast(_pad(_matrix(wn.start.weight), 1, channels)), start_bias=cast(_pad(wn.start.bias, 0, channels)),
+        taps=[cast(t) for t in taps],
+        cond=[cast(_pad(wg_kernels.paired_gate_columns(per_layer(cond, i), channels), 0, window))
+              for i in range(layers)],
+        cond_bias=[cast(wg_kernels.paired_gate_columns(per_layer(cond_bias, i), channels)) for i in range(layers)],
+        res=[cast(square(_matrix(layer.weight)[:, :c])) for layer in residual_layers],
+        res_bias=[cast(_pad(layer.bias[:c], 0, channels)) for layer in residual_layers],
+        skip_end=cast(torch.cat(skips)), skip_end_bias=cast(skip_bias),
         inverse=model.convinv[k].inverse_weight().t().contiguous(),
     )
 
 
-def waveglow_rows_within(budget_bytes: float, dims, dtype: torch.dtype) -> int:
+def supports(dims: WaveGlowDims) -> bool:
+    """Whether FastWaveGlow can run a WaveGlow of these dimensions: its
+    dilated convolutions are three-tap, as in every published WaveGlow."""
+    return dims.wn_kernel == 3
+
+
+def waveglow_rows_within(budget_bytes: float, dims: WaveGlowDims, dtype: torch.dtype) -> int:
     """How many (item x group step) rows WaveGlow may run at once within
     ``budget_bytes`` of activations. Per row, one coupling holds in the model
     dtype x (C), the shifted taps (3C), the dilated product (2C), every
-    layer's gated activations (L*C) and every layer's conditioning (2*C*L),
-    plus the float32 audio state; the plain path holds less, and
-    "matmul_fused_cond" stores no conditioning (about half: run Y's peak
-    was 7.4 GiB under the 15 GiB default). At least one."""
+    layer's gated activations (L*C) and up to every layer's conditioning
+    (2*C*L), plus the float32 audio state: an upper bound for both the plain
+    path and the kernels' (which store no conditioning). At least one."""
     c, layers = dims.wn_channels, dims.wn_layers
     per_row = (6 + 3 * layers) * c * torch.empty((), dtype=dtype).element_size() + 4 * 2 * dims.n_group
     return max(1, int(budget_bytes // per_row))
@@ -153,192 +144,83 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return out.view(*x.shape[:-1], weight.shape[1])
 
 
+def _gate(z: Tensor) -> Tensor:
+    """(..., 2C) paired -> (..., C): tanh of the even columns times sigmoid of the odd."""
+    return torch.tanh(z[..., 0::2]) * torch.sigmoid(z[..., 1::2])
+
+
 class FastWaveGlow:
     """Inference-only WaveGlow over re-laid weights; see the module docstring."""
 
-    KERNELS_MODES = ("elementwise", "matmul", "matmul_paired", "matmul_padded", "matmul_persistent",
-                     "matmul_fused_cond")
-    PAIRED_MODES = ("matmul_paired", "matmul_padded", "matmul_persistent", "matmul_fused_cond")
-
-    def __init__(self, model: WaveGlow, dtype: torch.dtype, kernels_mode: str = "elementwise",
-                 gate: str = "exact"):
-        """``kernels_mode``: which fused form runs on CUDA with Triton (module
-        docstring); "matmul" autotunes its kernels here, on the weights' device.
-        ``gate``: kernels.GATE_FORMS, for the "matmul" forms; float32 is always exact."""
-        self.dims = model.dims
+    def __init__(self, model: WaveGlow, dtype: torch.dtype, use_kernels: bool | None = None):
+        """``use_kernels``: run the CUDA kernels (None: where they can run,
+        on a CUDA device with Triton; tests pass True to run them under
+        Triton's interpreter). Raises ValueError for a model ``supports``
+        refuses."""
+        if not supports(model.dims):
+            raise ValueError(f"FastWaveGlow needs three-tap dilated convolutions, not {model.dims.wn_kernel}")
+        device = model.upsample.weight.device
+        self.use_kernels = (device.type == "cuda" and kernels.available()) if use_kernels is None else use_kernels
+        d = model.dims
+        window = (d.upsample_kernel // d.hop_length) * d.n_mel
+        multiple = wg_kernels.CHANNELS_MULTIPLE if self.use_kernels else 1
+        # the kernels' width: the model's channels and window, padded
+        self.channels = wg_kernels.round_up(d.wn_channels, multiple)
+        self.window = wg_kernels.round_up(window, multiple)
+        self.dims = d
         self.dtype = dtype
-        self.gate = kernels.gate_for(gate, dtype)
-        self.flows = [_flow_weights(model, k, dtype) for k in range(self.dims.n_flows)]
-        self.kernels_mode = "elementwise"
-        self._set_kernels_mode(kernels_mode)
+        self.flows = [_flow_weights(model, k, dtype, self.channels, self.window) for k in range(d.n_flows)]
+        # the GPU's tanh instruction in 16-bit (within a half-precision ulp); float32 stays exact
+        self.approx_gate = dtype != torch.float32
 
-    def with_kernels(self, kernels_mode: str | None = None, gate: str | None = None) -> "FastWaveGlow":
-        """This WaveGlow (the same weights, shared) running ``kernels_mode``
-        and ``gate`` (None: as this one)."""
-        other = copy.copy(self)
-        if gate is not None:   # first: the kernels mode compiles the gate that will run
-            other.gate = kernels.gate_for(gate, self.dtype)
-        if kernels_mode is not None:
-            other._set_kernels_mode(kernels_mode)
-        return other
+    @property
+    def padded_dims(self) -> WaveGlowDims:
+        """The dimensions the weights run at (channels padded for the kernels)."""
+        return replace(self.dims, wn_channels=self.channels)
 
-    def _set_kernels_mode(self, kernels_mode: str) -> None:
-        if kernels_mode not in self.KERNELS_MODES:
-            raise ValueError(f"kernels_mode must be one of {self.KERNELS_MODES}, not {kernels_mode!r}")
-        self.kernels_mode = kernels_mode
-        paired = kernels_mode in self.PAIRED_MODES
-        if paired != (self.flows[0].paired_taps is not None):   # a new list: copies share the old
-            self.flows = [replace(w, paired_taps=[kernels.pair_gate_columns(t) for t in w.taps] if paired
-                                  else None) for w in self.flows]
-        fused_cond = kernels_mode == "matmul_fused_cond"
-        device = self.flows[0].start.device
-        # only where the kernel runs: elsewhere this mode is plain torch, and the
-        # weights would be a second copy of the conditioning (2 GB in float32)
-        self._keep_phase_conditioning(fused_cond and device.type == "cuda" and kernels.available())
-        if kernels_mode == "matmul_padded" and device.type == "cuda" and kernels.available() \
-                and not kernels.padded_available():
-            raise RuntimeError("kernels_mode 'matmul_padded' needs a Triton with host-side tensor "
-                               "descriptors (triton.tools.tensor_descriptor); use 'matmul_paired'")
-        if kernels_mode.startswith("matmul") and device.type == "cuda" and kernels.available():
-            kernels.tune(self.flows[0].start.shape[1], self.dtype, device, paired=paired,
-                         persistent=kernels_mode == "matmul_persistent",
-                         fused_cond=self.flows[0] if fused_cond else None, gate=self.gate)
-
-    def _keep_phase_conditioning(self, wanted: bool) -> None:
-        """Every flow's "matmul_fused_cond" weights built, or dropped (a new
-        list of flows either way: copies share the old)."""
-        if wanted != (self.flows[0].phase_cond is not None):
-            self.flows = [replace(w, **self._phase_conditioning(w, wanted)) for w in self.flows]
-
-    def _phase_conditioning(self, w: FlowWeights, wanted: bool) -> dict:
-        """FlowWeights fields for "matmul_fused_cond" (None where not ``wanted``)."""
-        if not wanted:
-            return {"phase_cond": None, "phase_cond_bias": None}
-        d = self.dims
-        phases, layers, c2 = d.hop_length // d.n_group, len(w.taps), 2 * w.start.shape[1]
-        return {"phase_cond": [kernels.pair_phase_conditioning(w.cond, i, phases, layers) for i in range(layers)],
-                "phase_cond_bias": [w.cond_bias[c2 * i: c2 * (i + 1)].contiguous() for i in range(layers)]}
-
-    def phase_rows(self, items: int, frames: int) -> kernels.PhaseRows:
+    def phase_rows(self, items: int, frames: int) -> wg_kernels.PhaseRows:
         """The phase-major layout of the group steps of ``items`` items of ``frames`` mel frames."""
         d = self.dims
-        return kernels.PhaseRows(items=items, frames=frames, phases=d.hop_length // d.n_group)
+        return wg_kernels.PhaseRows(items=items, frames=frames, phases=d.hop_length // d.n_group)
 
     def frame_windows(self, mel: Tensor) -> Tensor:
-        """(B, n_mel, F) -> (B*F, J*n_mel): frames q-J+1..q for each q, zeros before 0."""
+        """(B, n_mel, F) -> (B*F, WIN): frames q-J+1..q for each q, zeros
+        before 0 and in the padded columns."""
         d = self.dims
         taps = d.upsample_kernel // d.hop_length
         padded = F.pad(mel.to(self.dtype), (taps - 1, 0))
         windows = padded.unfold(2, taps, 1)                       # (B, n_mel, F, J)
-        return windows.permute(0, 2, 3, 1).reshape(-1, taps * d.n_mel)
+        return _pad(windows.permute(0, 2, 3, 1).reshape(-1, taps * d.n_mel), 1, self.window).contiguous()
 
     def coupling(self, w: FlowWeights, a0: Tensor, windows: Tensor, keep: Tensor) -> Tensor:
-        """WN(a0, mel): (B, T, n_half) -> (B, T, 2*n_half) in the model dtype."""
-        fused = self._fused_coupling(a0)
-        if fused is not None and self.kernels_mode == "matmul_fused_cond":   # via the phase-major rows
-            rows = self.phase_rows(a0.shape[0], a0.shape[1] * self.dims.n_group // self.dims.hop_length)
-            if w.phase_cond is None:   # a caller's flow from before the mode was set
-                w = replace(w, **self._phase_conditioning(w, True))
-            out = fused(w, rows.gather(a0), windows, rows.gather(keep).view(-1), rows)
-            return rows.scatter(out)
+        """WN(a0, mel) in plain torch, time-major: (B, T, n_half) -> (B, T,
+        2*n_half) in the model dtype; keep: (B, T, 1) of 0 and 1."""
         x = _linear(a0.to(self.dtype), w.start, w.start_bias)
-        cond = torch.addmm(w.cond_bias, windows, w.cond).view(*x.shape[:2], -1)   # (B, T, 2CL)
-        if fused is not None:
-            return fused(w, x, cond, keep)
-        c, layers = w.start.shape[1], len(w.taps)
-        acts = x.new_empty(*x.shape[:2], layers * c)            # every layer's gated activations
+        b, t, c = x.shape
+        acts = x.new_empty(b, t, len(w.taps) * c)                 # every layer's gated activations
         for i, taps in enumerate(w.taps):
             xs = shifted_taps(x * keep, 2 ** i)
-            z = torch.addmm(cond[..., 2 * c * i: 2 * c * (i + 1)].reshape(-1, 2 * c),
-                            xs.reshape(-1, 3 * c), taps).view(*x.shape[:2], 2 * c)
-            acts[..., c * i: c * (i + 1)] = torch.tanh(z[..., :c]) * torch.sigmoid(z[..., c:])
-            if i < layers - 1:
+            z = (windows @ w.cond[i].view(windows.shape[1], -1)).view(-1, 2 * c)   # rows (b, q, p) = (b, t)
+            z = torch.addmm(z.add_(w.cond_bias[i]), xs.view(-1, 3 * c), taps)
+            acts[..., c * i: c * (i + 1)] = _gate(z).view(b, t, c)
+            if i < len(w.res):
                 x = x + _linear(acts[..., c * i: c * (i + 1)], w.res[i], w.res_bias[i])
         return _linear(acts, w.skip_end, w.skip_end_bias)
 
-    def _fused_coupling(self, x: Tensor):
-        """The fused form of ``coupling`` for x's device and ``kernels_mode``;
-        None: plain torch. (Tests under Triton's CPU interpreter replace it.)"""
-        if not (x.is_cuda and kernels.available()):
-            return None
-        if self.kernels_mode == "matmul_padded":   # refused in _set_kernels_mode where it cannot run
-            return self._coupling_fused_padded
-        if self.kernels_mode == "matmul_fused_cond":
-            return self._coupling_fused_cond
-        return self._coupling_fused if self.kernels_mode == "elementwise" else self._coupling_fused_matmul
-
-    def _coupling_fused(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
-        """``coupling`` with the elementwise work in two fused kernels per layer."""
-        b, t, c = x.shape
-        layers = len(w.taps)
-        x, cond, keep = x.reshape(-1, c), cond.reshape(b * t, -1), keep.reshape(-1)
-        taps = x.new_empty(b * t, 3 * c)
-        z = x.new_empty(b * t, 2 * c)
-        acts = x.new_empty(b * t, layers * c)
-        kernels.residual_taps(None, x, keep, taps, t, dilation=1)
-        for i, tap_weight in enumerate(w.taps):
-            torch.mm(taps, tap_weight, out=z)
-            layer_acts = acts[:, c * i: c * (i + 1)]
-            kernels.gate(z, cond, i, out=layer_acts)
-            if i < layers - 1:
-                res = torch.addmm(w.res_bias[i], layer_acts, w.res[i])
-                kernels.residual_taps(res, x, keep, taps, t, dilation=2 ** (i + 1))
-        return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
-
-    def _coupling_fused_matmul(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
-        """``coupling`` with two products per layer and no elementwise pass:
-        the dilated convolution reads x's shifted rows itself and applies the
-        gate in its epilogue (kernels.taps_gate); the residual product adds
-        into x in its epilogue (kernels.residual_update). x is updated in place."""
-        b, t, c = x.shape
-        layers = len(w.taps)
-        x, cond, keep = x.reshape(-1, c), cond.reshape(b * t, -1), keep.reshape(-1)
-        acts = x.new_empty(b * t, layers * c)
-        paired = w.paired_taps is not None
-        persistent = self.kernels_mode == "matmul_persistent"
-        for i, tap_weight in enumerate(w.paired_taps if paired else w.taps):
-            layer_acts = acts[:, c * i: c * (i + 1)]
-            kernels.taps_gate(x, keep, cond, i, tap_weight, t, 2 ** i, out=layer_acts, paired=paired,
-                              persistent=persistent, gate=self.gate)
-            if i < layers - 1:
-                kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
-        return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
-
-    def _coupling_fused_padded(self, w: FlowWeights, x: Tensor, cond: Tensor, keep: Tensor) -> Tensor:
-        """``_coupling_fused_matmul`` (paired) over a copy of x with zero rows
-        around each item, as many as the largest dilation, and its rows past
-        each item's length zeroed: the taps+gate product's shifted loads
-        need no masks (kernels.taps_gate_padded). Activations, conditioning
-        and the output keep the unpadded rows."""
-        b, t, c = x.shape
-        layers = len(w.taps)
-        pad = 2 ** (layers - 1)
-        x_pad = x.new_zeros(b, t + 2 * pad, c)
-        x_pad[:, pad: pad + t] = x * keep
-        x_pad, cond, keep = x_pad.view(-1, c), cond.reshape(b * t, -1), keep.reshape(-1).contiguous()
-        acts = x.new_empty(b * t, layers * c)
-        for i, tap_weight in enumerate(w.paired_taps):
-            layer_acts = acts[:, c * i: c * (i + 1)]
-            kernels.taps_gate_padded(x_pad, cond, i, tap_weight, t, pad, 2 ** i, out=layer_acts, gate=self.gate)
-            if i < layers - 1:
-                kernels.residual_update_padded(layer_acts, w.res[i], w.res_bias[i], x_pad, keep, t, pad)
-        return torch.addmm(w.skip_end_bias, acts, w.skip_end).view(b, t, -1)
-
-    def _coupling_fused_cond(self, w: FlowWeights, a0: Tensor, windows: Tensor, keep: Tensor,
-                             rows: kernels.PhaseRows) -> Tensor:
-        """``coupling`` over phase-major rows (a0: (n_rows, n_half), keep:
-        (n_rows,)), the conditioning inside each layer's taps+gate product
-        (kernels.taps_cond_gate): no (rows, 2CL) conditioning is ever stored.
-        Returns (n_rows, 2*n_half); dummy rows hold finite values."""
+    def coupling_kernels(self, w: FlowWeights, a0: Tensor, windows: Tensor, keep: Tensor,
+                         rows: wg_kernels.PhaseRows) -> Tensor:
+        """WN(a0, mel) through the kernels, over phase-major rows (a0:
+        (n_rows, n_half), keep: (n_rows,)): no (rows, 2CL) conditioning is
+        ever stored. Returns (n_rows, 2*n_half); dummy rows hold finite values."""
         x = torch.addmm(w.start_bias, a0.to(self.dtype), w.start)
         c, layers = x.shape[1], len(w.taps)
         acts = x.new_empty(x.shape[0], layers * c)
         for i in range(layers):
             layer_acts = acts[:, c * i: c * (i + 1)]
-            kernels.taps_cond_gate(x, keep, windows, w.phase_cond[i], w.phase_cond_bias[i], w.paired_taps[i],
-                                   rows, 2 ** i, out=layer_acts, gate=self.gate)
-            if i < layers - 1:
-                kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
+            wg_kernels.taps_cond_gate(x, keep, windows, w.cond[i], w.cond_bias[i], w.taps[i], rows, 2 ** i,
+                                      out=layer_acts, approx_gate=self.approx_gate)
+            if i < len(w.res):
+                wg_kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
         return torch.addmm(w.skip_end_bias, acts, w.skip_end)
 
     def infer(self, mel: Tensor, frames: Tensor, seeds: Tensor, sigma: float) -> Tensor:
@@ -349,13 +231,11 @@ class FastWaveGlow:
         valid = frames * (d.hop_length // d.n_group)
         keep = (torch.arange(steps, device=mel.device)[None, :] < valid[:, None])[..., None]
         noise = lambda stream, n: sigma * randomness.normal(seeds, stream, n, steps).transpose(1, 2)
-        fused = self._fused_coupling(mel)
-        if fused is not None and self.kernels_mode == "matmul_fused_cond":
-            # phase-major rows from the first flow to the last (_coupling_fused_cond)
-            self._keep_phase_conditioning(True)   # built already where the kernel runs on a GPU
+        if self.use_kernels:
+            # phase-major rows from the first flow to the last
             rows = self.phase_rows(mel.shape[0], mel.shape[2])
             keep_rows = rows.gather(keep.to(self.dtype)).view(-1)
-            audio = self._flows_inverse(lambda w, a0: fused(w, a0, windows, keep_rows, rows),
+            audio = self._flows_inverse(lambda w, a0: self.coupling_kernels(w, a0, windows, keep_rows, rows),
                                         lambda stream, n: rows.gather(noise(stream, n)), 1)
             return (rows.scatter(audio) * keep).reshape(b, -1)
         keep_model = keep.to(self.dtype)
