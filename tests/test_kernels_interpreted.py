@@ -118,13 +118,14 @@ INVERSE_SHAPES = {   # the kernels' width multiple (64) exactly, and narrower on
 def waveglow_inverse_errors(dtype_name: str) -> dict:
     """FastWaveGlow through the kernels (one fixed config) against the plain
     torch FastWaveGlow in the same dtype and the float32 model, per shape of
-    INVERSE_SHAPES: items of 5, 8 and 2 frames in one batch, and each item
-    alone against the batch."""
+    INVERSE_SHAPES: items of 5, 8 and 2 frames in one batch, and the last
+    item alone against the batch."""
     import torch
     from tts_cli.kernels import waveglow as wk
     from tts_cli.waveglow_fast import FastWaveGlow
     dtype = getattr(torch, dtype_name)
-    wk._FIXED_CONFIG = CONFIGS[1]
+    # the interpreter runs one program at a time: the fewest, largest tiles
+    wk._FIXED_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
     result = {}
     for name, shape in INVERSE_SHAPES.items():
         model = _waveglow(seed=4, **shape)
@@ -136,9 +137,8 @@ def waveglow_inverse_errors(dtype_name: str) -> dict:
             plain = FastWaveGlow(model, dtype, use_kernels=False).infer(mel, frames, seeds, 0.666)
             fast = FastWaveGlow(model, dtype, use_kernels=True)
             got = fast.infer(mel, frames, seeds, 0.666)
-            alone = max(worst(got[i, : frames[i] * 256],
-                              fast.infer(mel[i:i + 1, :, : frames[i]], frames[i:i + 1], seeds[i:i + 1], 0.666)[0])
-                        for i in range(3))
+            # the item whose rows sit after both others' in every phase block
+            alone = worst(got[2, : frames[2] * 256], fast.infer(mel[2:, :, : frames[2]], frames[2:], seeds[2:], 0.666)[0])
         result[name] = {"kernels_vs_plain": rel(got, plain), "alone_vs_batched": alone,
                         "kernels_vs_fp32_model": rel(got, reference), "plain_vs_fp32_model": rel(plain, reference),
                         "finite": bool(got.isfinite().all())}
