@@ -1,0 +1,33 @@
+"""Lines sorted by length into batches, and padded ids."""
+import pytest
+import torch
+
+from tts_cli.batching import length_sorted_batches, pad_sequences
+
+
+def test_batches_take_the_longest_lines_first_and_cover_every_line_once():
+    lengths = [5, 40, 12, 40, 3, 27, 12]
+    batches = length_sorted_batches(lengths, batch_size=3)
+    assert [len(b) for b in batches] == [3, 3, 1]
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(lengths, reverse=True)          # similar lengths share a batch
+
+
+def test_equal_lengths_keep_corpus_order_so_the_batching_is_the_same_every_run():
+    assert length_sorted_batches([7, 9, 7, 9, 7], batch_size=2) == [[1, 3], [0, 2], [4]]
+
+
+def test_a_batch_size_below_one_is_refused_and_an_empty_corpus_has_no_batches():
+    with pytest.raises(ValueError, match="at least 1"):
+        length_sorted_batches([3, 4], batch_size=0)
+    assert length_sorted_batches([], batch_size=4) == []
+
+
+def test_padding_keeps_each_line_s_ids_and_records_its_length():
+    ids, lengths = pad_sequences([[12, 13, 14], [15], [16, 17]], pad=0)
+    assert ids.dtype == torch.long and lengths.dtype == torch.long
+    assert ids.tolist() == [[12, 13, 14], [15, 0, 0], [16, 17, 0]]
+    assert lengths.tolist() == [3, 1, 2]
+    ids, _ = pad_sequences([[20], [21, 22]], pad=9)
+    assert ids.tolist() == [[20, 9], [21, 22]]
