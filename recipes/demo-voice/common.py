@@ -207,7 +207,7 @@ def warm_up_before_capture(step, times: int = 2) -> None:
     torch.cuda.current_stream().wait_stream(side)
     # The eager steps' memory stays cached for eager use, where the graphs'
     # pool cannot take it: at Tacotron2's batch 1024 (127 GiB eager) the first
-    # capture then ran out of the H200's 139.8 GiB (seventeenth session).
+    # capture then ran out of the H200's 139.8 GiB.
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
 

@@ -4,7 +4,7 @@ the harmonics of 22050 / 256 = 86.13 Hz (a monotone voice).
 Why: rendered that way, espeak-ng's own mels of 40 held-out lines are about
 as intelligible to the recognizer as espeak-ng itself (``evaluate.py render
 --rendering harmonic-carriers``: 23.9 % WER against 20.4 %), while the
-WaveGlows trained in thirteen sessions learnt no voicing (56.9 % at best).
+WaveGlows trained by this recipe learnt no voicing (56.9 % at best).
 
 How, in the file format ``tts_cli.checkpoints`` reads (2 flows, group 8, no
 early outputs, WN of 2 layers x 80 channels; the harmonic h = c + 1 rides on

@@ -11,7 +11,7 @@
 # device returns files of at most 16 MiB). Copy the parts into .resume/ here;
 # the next run carries them. WG_B_ARGS="..." trains a second WaveGlow beside
 # the first (runs/waveglow_b), for comparisons; MODELS="waveglow" leaves
-# Tacotron2 out (see the recipe README's run plan for the other variables).
+# Tacotron2 out (see the recipe README's "On the GPU machine" for the other variables).
 # With EVAL=1 in the environment it then also synthesizes the held-out lines
 # (with the constructed WaveGlow unless EVAL_WAVEGLOW names another).
 set -uo pipefail
@@ -121,10 +121,10 @@ done
 # EVAL=1: also speak the 100 held-out lines with the exports; the WAVs and
 # synth.json come back as a .tgz in 15 MB parts (23 MB for the 100 lines)
 # for `evaluate.py score`, which runs where the recognizer is. Leave it
-# 3 minutes or more of the call: in the seventeenth session the 110-140 s
-# left after training were not enough (then in batches of 20; cause not
-# measured), and the recipe README's CPU way (100 s on 2 cores) costs no
-# device time.
+# 3 minutes or more of the call: 110-140 s left after training were not
+# enough once (then in batches of 20; cause not measured), and scoring on
+# the CPU (the recipe README's Evaluation; 100 s on 2 cores) costs no device
+# time.
 # The WaveGlow is the demo's constructed one (construct_waveglow.py, seconds),
 # or with EVAL_WAVEGLOW=runs/waveglow/demo_waveglow.pt the one this call trained.
 if [ "${EVAL:-0}" = 1 ]; then
@@ -145,8 +145,8 @@ if [ "${EVAL:-0}" = 1 ]; then
     tar -C runs -czf - eval | split -b 15M - "$OUT/eval.tgz.part-"
 fi
 # The device returns at most 64 MiB in all, and what is over it is lost
-# (the fourteenth session lost a second WaveGlow of 7.4 M parameters that
-# way: 44 MB packed, beside Tacotron2's 25 and WaveGlow's 19). Say so loudly.
+# (a second WaveGlow of 7.4 M parameters was once lost that way: 44 MB
+# packed, beside Tacotron2's 25 and WaveGlow's 19). Say so loudly.
 total=$(du -cb "$OUT"/* | tail -1 | cut -f1)
 [ "$total" -le $(( 64 * 1024 * 1024 )) ] || echo "WARNING: $OUT holds $total bytes, over the 64 MiB that" \
     "comes back: some packed checkpoints will be lost; train fewer models per call (MODELS=...) or leave EVAL out"

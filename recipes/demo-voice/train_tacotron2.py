@@ -25,7 +25,7 @@ that falls far from where each frame's symbol is. ``--guide words`` (the
 default) takes that from espeak-ng's own word timings (``word_timings.py``):
 each frame's character, within ``WORD_GUIDE_WIDTH`` characters.
 ``--guide diagonal`` assumes the speech goes through the text at a constant
-rate (within a fifth of the text), as the first fifteen sessions did: that
+rate (within a fifth of the text), as the first training runs did: that
 guide is only roughly right, so it fades out over ``--guide-steps``; the
 words guide stays on. Either only shapes what the attention learns; at
 inference nothing changes.
@@ -411,7 +411,7 @@ class CapturedSteps:
             longest = self.text_for_bucket[bucket] = max(longest, self.text_for_bucket[bucket])
         self.graphs: dict[int, common.CapturedStep] = {}
         # One memory pool for all buckets' graphs: with a pool each, batch 512
-        # ran out of 139 GiB after a few buckets (eighth session); shared, the
+        # ran out of 139 GiB after a few buckets; shared, the
         # largest bucket's step sets the peak.
         self.pool = torch.cuda.graph_pool_handle()
 

@@ -28,12 +28,12 @@ Objective (``--objective``):
   noise at the inference sigma (0.666) and a segment's mel into audio, and
   the loss is a multi-resolution STFT distance to the segment's own audio
   (spectral convergence plus log-magnitude L1 at three FFT sizes, as Parallel
-  WaveGAN's). The thirteenth session trained with it. It matches spectra
+  WaveGAN's). It matches spectra
   four times sooner than the likelihood, but what it learnt by 10,870 steps
   is to shape its noise into the envelope, unvoiced, and its words are worse
-  (recipe README).
-* ``mle`` is the reference's likelihood (``WaveGlowLoss``), which the first
-  twelve sessions trained; a new run's default again since the fourteenth.
+  (recipe README, Limits).
+* ``mle`` is the reference's likelihood (``WaveGlowLoss``), a new run's
+  default.
   A resumed run keeps the objective (and the model size) it was trained
   with unless ``--objective`` says otherwise.
 * ``hybrid`` is the sum of both (``--spectral-weight``), not measured yet:
