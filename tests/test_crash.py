@@ -109,3 +109,51 @@ def test_sigint_and_sigterm_finish_in_flight_files_save_and_say_how_to_resume(
     result = CliRunner().invoke(main, arguments(slow_checkpoints, out)[:-1])
     assert result.exit_code == 0 and f"{len(done)} reused" in result.output
     assert_same_output(out, reference)
+
+
+def one_clean_line(stderr):
+    """What a cron log gets: one line, no traceback, no abort message."""
+    assert "Traceback" not in stderr and "terminate called" not in stderr, stderr
+    assert stderr.count("\n") == 1, stderr
+    return stderr
+
+
+@pytest.mark.parametrize("first, then", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM),
+                                         (signal.SIGINT, signal.SIGTERM)])
+def test_any_number_of_signals_end_the_run_cleanly_with_the_first_signals_status(
+        slow_checkpoints, reference, tmp_path, first, then):
+    # A second Ctrl-C (or torchrun's SIGTERM after one) used to abort the
+    # process: exit status 134 and "terminate called without an active
+    # exception", the engine's threads still running.
+    out = tmp_path / "out"
+    process = start(slow_checkpoints, out)
+    wait_for_wavs(process, out, 2)
+    process.send_signal(first)
+    time.sleep(0.05)
+    while process.poll() is None:   # and more, as fast as a user can hit Ctrl-C
+        process.send_signal(then)
+        time.sleep(0.02)
+    stderr = process.stderr.read()
+    assert process.returncode == 128 + first, stderr
+    assert signal.Signals(first).name in one_clean_line(stderr) and "run the same command again" in stderr
+    assert_valid(out)
+    rows = read_manifest(out / "manifest.jsonl")
+    done = [r for r in rows if r["status"] == "truncated"]
+    assert sorted(p.stem for p in (out / "wavs").glob("*.wav")) == sorted(r["id"] for r in done)
+    result = CliRunner().invoke(main, arguments(slow_checkpoints, out)[:-1])
+    assert result.exit_code == 0 and f"{len(done)} reused" in result.output
+    assert_same_output(out, reference)
+
+
+def test_signals_before_the_models_are_loaded_end_the_run_the_same_way(slow_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    process = start(slow_checkpoints, out)
+    deadline = time.monotonic() + 60
+    while not (out / ".tts-batch.lock").exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert "SIGTERM received" in one_clean_line(stderr)
+    assert_valid(out)

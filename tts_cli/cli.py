@@ -90,6 +90,23 @@ def main():
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")
 def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **options):
     """Synthesize every line of CORPUS into OUT/wavs/<id>.wav and OUT/manifest.jsonl."""
+    from tts_cli.signals import StopOnSignals
+
+    # Before torch is imported (seconds): from here on no signal raises, so
+    # however many come, and whenever, the run ends through its own exits.
+    with StopOnSignals() as signals:
+        summary, settings, group = _synth(corpus, out_dir, recipe, format_, options, signals)
+        if not settings.quiet:
+            click.echo(_summary_lines(summary, out_dir), err=True)
+        # Rank 0 alone knows the whole job's outcome; under torchrun a failing
+        # process would also make torchrun stop the others.
+        failed = summary.counts["error"] and (group is None or group.rank == 0)
+        sys.exit(signals.exit_status or (EXIT_LINE_ERRORS if failed else 0))
+
+
+def _synth(corpus, out_dir, recipe, format_, options, signals):
+    """The run, or its end: one line and the exit status for a usage or
+    output error (2) and for a signal (130, 143)."""
     # torch loads only when needed
     from tts_cli import distributed
     from tts_cli.pipeline import FatalError, Interrupted, synthesize_corpus
@@ -104,21 +121,14 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
     echo = (lambda message: None) if settings.quiet else (lambda message: click.echo(message, err=True))
     try:
         with distributed.joined(group, settings.device):
-            summary = synthesize_corpus(settings, corpus, out_dir, on_notice=echo, group=group)
+            summary = synthesize_corpus(settings, corpus, out_dir, on_notice=echo, group=group,
+                                        signals=signals)
     except (FatalError, distributed.GroupError) as e:
         fatal(str(e))
     except Interrupted as e:
         _stopped(e, group)
-        sys.exit(128 + e.signum)
-    except KeyboardInterrupt:
-        click.echo(f"tts-batch: stopped at once; {_resume_hint(group)}", err=True)
-        sys.exit(130)
-    if not settings.quiet:
-        echo(_summary_lines(summary, out_dir))
-    # Rank 0 alone knows the whole job's outcome; under torchrun a failing
-    # process would also make torchrun stop the others.
-    failed = summary.counts["error"] and (group is None or group.rank == 0)
-    sys.exit(EXIT_LINE_ERRORS if failed else 0)
+        sys.exit(signals.exit_status)
+    return summary, settings, group
 
 
 def _for_rank(settings, group):

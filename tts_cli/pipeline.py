@@ -2,10 +2,10 @@
 -> WAV (and mel) files -> manifest, one row per corpus line in corpus order."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +26,7 @@ from tts_cli.engine import Engine, Job, Result
 from tts_cli.errors import FatalError, first_line
 from tts_cli.manifest import ManifestRow, summarize, write_manifest_lines
 from tts_cli.randomness import line_seed
+from tts_cli.signals import StopOnSignals
 from tts_cli.splitting import split_text
 from tts_cli.voice import make_engine
 
@@ -94,7 +95,8 @@ class _Pending:
 
 def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice=print,
                       engine: Engine | None = None,
-                      frames_per_symbol: float | None = None, group: Group | None = None) -> RunSummary:
+                      frames_per_symbol: float | None = None, group: Group | None = None,
+                      signals: StopOnSignals | None = None) -> RunSummary:
     """Synthesize every line of ``corpus`` into ``out_dir``, reusing the WAVs an
     earlier run left there when their resume key matches. Problems with single
     lines become manifest rows; problems with the whole run raise FatalError;
@@ -107,18 +109,24 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
 
     The benchmark passes its own ``engine`` (random full-size weights) and
     ``frames_per_symbol``, which fixes each line's decode length instead of the
-    stop gate's verdict (random weights never stop on their own)."""
-    try:
-        utterances = read_corpus(corpus, settings.format)
-    except CorpusError as e:
-        raise FatalError(str(e)) from None
-    with output_lock.held(out_dir, group):
-        return _synthesize(settings, utterances, out_dir, on_notice, engine, frames_per_symbol, group)
+    stop gate's verdict (random weights never stop on their own).
+
+    ``signals``: the caller's handlers, already installed (the command
+    installs them before anything else); without them the run installs its
+    own for its duration (signals.py says what each signal does)."""
+    with contextlib.nullcontext(signals) if signals else StopOnSignals() as signals:
+        try:
+            utterances = read_corpus(corpus, settings.format)
+        except CorpusError as e:
+            raise FatalError(str(e)) from None
+        with output_lock.held(out_dir, group):
+            return _synthesize(settings, utterances, out_dir, on_notice, engine, frames_per_symbol,
+                               group, signals)
 
 
 def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice,
                 engine: Engine | None, frames_per_symbol: float | None,
-                group: Group | None) -> RunSummary:
+                group: Group | None, signals: StopOnSignals) -> RunSummary:
     """``synthesize_corpus`` once the corpus is read and the output directory
     is this run's."""
     manifest_path = out_dir / resume.MANIFEST_NAME
@@ -133,28 +141,27 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     manifest = _Checkpoint(manifest_path, utterances, rows, seed)
     mine, checkpoint = _my_share(pending, manifest, group)
     notices: list[str] = []
-    stop = threading.Event()
-    with _StopOnSignals(stop) as signals:
-        started = time.perf_counter()
-        # An unwritable directory fails before loading models. Under torchrun
-        # only rank 0 removes stale temporary files: on another machine a
-        # live process's pid looks dead.
-        _prepare_output(out_dir, settings, remove_temp_files=group is None or group.rank == 0)
-        if mine and not stop.is_set():   # a signal during the checks: no need to load
-            engine = engine or make_engine(settings, notices)
-        for notice in notices:
-            on_notice(notice)
-        load_seconds = time.perf_counter() - started
-        started = time.perf_counter()
-        try:
-            _take_over_earlier_work(manifest, group)
-            if mine and not stop.is_set():
-                _run_batches(engine, mine, settings, _Writer(settings, out_dir, seed),
-                             checkpoint, frames_per_symbol, stop)
-        finally:
-            checkpoint.save(final=True)
-        if group is not None and not stop.is_set():
-            _merge_unless_stopped(manifest, checkpoint, group, signals)
+    stop = signals.stop
+    started = time.perf_counter()
+    # An unwritable directory fails before loading models. Under torchrun
+    # only rank 0 removes stale temporary files: on another machine a
+    # live process's pid looks dead.
+    _prepare_output(out_dir, settings, remove_temp_files=group is None or group.rank == 0)
+    if mine and not stop.is_set():   # a signal during the checks: no need to load
+        engine = engine or make_engine(settings, notices)
+    for notice in notices:
+        on_notice(notice)
+    load_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    try:
+        _take_over_earlier_work(manifest, group)
+        if mine and not stop.is_set():
+            _run_batches(engine, mine, settings, _Writer(settings, out_dir, seed),
+                         checkpoint, frames_per_symbol, signals)
+    finally:
+        checkpoint.save(final=True)
+    if group is not None and not stop.is_set():
+        _merge_unless_stopped(manifest, checkpoint, group, signals)
     ordered = manifest.ordered()
     totals = summarize(ordered)
     summary = RunSummary(rows=ordered, counts=totals["counts"], audio_seconds=totals["audio_seconds"],
@@ -211,7 +218,7 @@ def _merge(manifest: "_Checkpoint", mine: "_Checkpoint", group: Group) -> None:
 
 
 def _merge_unless_stopped(manifest: "_Checkpoint", mine: "_Checkpoint", group: Group,
-                          signals: "_StopOnSignals") -> None:
+                          signals: StopOnSignals) -> None:
     """A process that finished its share waits for the others here; when
     torchrun stops the job (another process died), the signal ends the wait
     and is reported as the interruption it is: this process's rows are saved."""
@@ -363,35 +370,6 @@ class _Checkpoint:
         self.save_seconds = self.saved_at - now
 
 
-class _StopOnSignals:
-    """SIGINT/SIGTERM set ``stop`` instead of killing the run: no new batch
-    starts, the ones in flight are written, the manifest is saved. A second
-    signal stops at once (KeyboardInterrupt; files are atomic either way).
-    Handlers can only be installed from the main thread; elsewhere (a library
-    caller's worker) nothing changes."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, stop: threading.Event):
-        self.stop, self.received, self.previous = stop, None, {}
-
-    def _handle(self, signum, frame):
-        if self.stop.is_set():
-            raise KeyboardInterrupt
-        self.received = signum
-        self.stop.set()
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-        return False
-
-
 def prepare_line(u: Utterance, run_seed: int, rows: dict[int, ManifestRow],
              settings: Settings) -> _Pending | None:
     """Normalizes (and if long, cuts) one line; lines that cannot be
@@ -434,11 +412,12 @@ def _row(u: Utterance, normalized: str, status: str, reason: str | None,
 
 def _run_batches(engine: Engine, pending: list[_Pending], settings: Settings, writer: "_Writer",
                  checkpoint: _Checkpoint, frames_per_symbol: float | None,
-                 stop: threading.Event) -> None:
+                 signals: StopOnSignals) -> None:
     """The GPU runs batches of pieces on its own threads; a line's WAV is
     written by a small pool once all its pieces are back; the manifest is
-    saved as rows come in. A write that fails for lack of space or
-    permission stops the run (after draining what is in flight)."""
+    saved as rows come in. A write that fails (no space, permissions, an
+    I/O error) ends the run: the work in flight is dropped, the rows of the
+    lines written are saved."""
     for p in pending:
         checkpoint.pending_normalized[p.utterance.line] = p.normalized
     work = [(p, i) for p in pending for i in range(len(p.pieces))]
@@ -452,12 +431,13 @@ def _run_batches(engine: Engine, pending: list[_Pending], settings: Settings, wr
         job_batches.append(jobs)
     failure: OSError | None = None
     progress = _Progress(len(pending), settings.quiet)
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, progress:
-        for jobs, results in engine.synthesize_all(job_batches, stop=stop):
-            if failure is not None:
-                continue   # draining the batches in flight after a failed write
-            done = _collect(jobs, results, owner)
-            del results
+    results = engine.synthesize_all(job_batches, stop=signals.stop, abort=signals.abort)
+    # closing: whatever ends this loop, the engine's threads are joined here
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, progress, \
+            contextlib.closing(results):
+        for jobs, made in results:
+            done = _collect(jobs, made, owner)
+            del made
             for p, future in [(p, pool.submit(writer.write, p)) for p in done]:
                 try:
                     checkpoint.rows[p.utterance.line] = future.result()
@@ -470,8 +450,7 @@ def _run_batches(engine: Engine, pending: list[_Pending], settings: Settings, wr
             progress.update(len(done), sum(checkpoint.rows[p.utterance.line].duration for p in done
                                            if p.utterance.line in checkpoint.rows))
             if failure is not None:
-                stop.set()
-                continue
+                break
             checkpoint.save()
     if failure is not None:
         checkpoint.save(final=True)
