@@ -2,6 +2,8 @@
 output directory must stay valid and a re-run must end where one
 uninterrupted run ends."""
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,3 +159,57 @@ def test_signals_before_the_models_are_loaded_end_the_run_the_same_way(slow_chec
     assert process.returncode == 143, stderr
     assert "SIGTERM received" in one_clean_line(stderr)
     assert_valid(out)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A mount point for a 2 MB tmpfs (``mount(options)``), where this
+    machine lets the tests mount one (as root); skipped elsewhere."""
+    point = tmp_path / "small"
+    point.mkdir()
+    mounted = []
+
+    def mount(options="size=2m"):
+        if shutil.which("mount") is None:
+            pytest.skip("no mount command here")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(point)
+        return point
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_a_real_full_disk_ends_in_one_line_and_a_rerun_with_space_finishes(
+        slow_checkpoints, reference, small_filesystem):
+    # On a 2 MB tmpfs the write used to fail inside libsndfile ("System
+    # error.", not an OSError): a traceback, then an abort.
+    disk = small_filesystem()
+    filler = disk / "filler"
+    with open(filler, "wb") as f:   # leave room for the manifest and a few WAVs
+        f.write(bytes(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - 120_000))
+    out = disk / "out"
+    process = start(slow_checkpoints, out)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, stderr
+    assert re.search(rf"cannot write {re.escape(str(out))}/\S+: No space left on device; free disk space",
+                     one_clean_line(stderr))
+    assert_valid(out)
+    for row in read_manifest(out / "manifest.jsonl"):   # no row vouches for a missing file
+        assert row["status"] == "error" or sf.info(str(out / row["audio_filepath"])).frames == row["num_samples"]
+    filler.unlink()
+    result = CliRunner().invoke(main, arguments(slow_checkpoints, out))
+    assert result.exit_code == 0, result.output
+    assert_same_output(out, reference)
+
+
+def test_a_read_only_file_system_ends_in_one_line_before_any_work(slow_checkpoints, small_filesystem):
+    disk = small_filesystem("ro,size=1m")
+    process = start(slow_checkpoints, disk / "out")
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, stderr
+    assert f"cannot write {disk / 'out'}: Read-only file system" in one_clean_line(stderr)
+    assert "remount it writable or choose another -o" in stderr

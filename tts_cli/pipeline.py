@@ -23,7 +23,7 @@ from tts_cli.config import Settings
 from tts_cli.corpus import NOTHING_TO_SAY, CorpusError, Utterance, read_corpus
 from tts_cli.distributed import Group, GroupError
 from tts_cli.engine import Engine, Job, Result
-from tts_cli.errors import FatalError, first_line
+from tts_cli.errors import FatalError, cannot_write, first_line
 from tts_cli.manifest import ManifestRow, summarize, write_manifest_lines
 from tts_cli.randomness import line_seed
 from tts_cli.signals import StopOnSignals
@@ -301,8 +301,7 @@ def _alive(pid: int) -> bool:
 
 
 def _output_problem(where: Path, e: OSError) -> str:
-    return (f"cannot write {e.filename or where}: {e.strerror or e}; free disk space or fix "
-            f"the permissions, then run the same command again to finish")
+    return cannot_write(where, e)
 
 
 class _Checkpoint:
@@ -513,11 +512,18 @@ class _Writer:
         if not np.isfinite(audio).all():
             return _row(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed)
         wav = f"wavs/{u.id}.wav"
-        clipped = write_wav(self.out_dir / wav, audio, s.sample_rate, s.sample_format)
-        mel = None
-        if s.save_mels:
-            mel = f"mels/{u.id}.npy"
-            write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))
+        mel = f"mels/{u.id}.npy" if s.save_mels else None
+        try:
+            clipped = write_wav(self.out_dir / wav, audio, s.sample_rate, s.sample_format)
+            if mel is not None:
+                write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))
+        except OSError:
+            # No row will vouch for a WAV whose mel failed: nothing of the
+            # line stays (a file left from an earlier run was stale anyway).
+            for name in filter(None, (wav, mel)):
+                with contextlib.suppress(OSError):
+                    (self.out_dir / name).unlink(missing_ok=True)
+            raise
         status, reason = _truncation(p.results, s.max_decoder_steps)
         return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=p.normalized,
                            audio_filepath=wav, duration=audio.shape[0] / s.sample_rate,
