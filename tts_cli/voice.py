@@ -20,8 +20,11 @@ and the resume keys' fingerprint both ask it, so they never disagree:
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from tts_cli.checkpoints import (CheckpointError, file_digest, load_tacotron2_weights,
                                  load_waveglow_weights)
@@ -147,11 +150,27 @@ def load_models(settings: Settings, voice: Voice | None = None) -> tuple[Tacotro
 
 
 def _build(model_class, state_dict, path: Path):
+    """The model from a file's weights, or one line naming the file: the
+    file is the user's, so whatever it makes fail is the file's fault. The
+    sizes are read off the tensors, so the model is first built on the meta
+    device, where nothing is allocated: a file whose tensors disagree must
+    not get a model sized by its largest one before load_state_dict says so."""
     try:
-        return model_class.from_state_dict(state_dict)
-    except (KeyError, ValueError, RuntimeError, IndexError) as e:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # copying into meta tensors is a no-op, and says so
+            model_class.from_state_dict(state_dict)
+        model = model_class.from_state_dict(state_dict)
+    except Exception as e:  # noqa: BLE001 - see above
         raise FatalError(f"{path}: the weights do not form a {model_class.__name__} "
-                         f"({first_line(e)})") from None
+                         f"({type(e).__name__}: {first_line(e)})") from None
+    if isinstance(model, WaveGlow):
+        for k, conv in enumerate(model.convinv):
+            try:
+                conv.inverse_weight()
+            except torch.linalg.LinAlgError:
+                raise FatalError(f"{path}: WaveGlow's 1x1 convolution convinv.{k} is not invertible, so "
+                                 f"no audio can be made with it; the file is damaged: download it again") from None
+    return model
 
 
 def make_engine(settings: Settings, notices: list[str]) -> Engine:
