@@ -83,8 +83,9 @@ def main():
 @click.option("--piece-pause", type=click.FloatRange(0, 10),
               help="Seconds of silence between the pieces of a cut line. [default: 0.15]")
 @click.option("--waveglow-memory", "waveglow_memory_gib", type=click.FloatRange(min=0, min_open=True),
-              metavar="GIB", help="GPU memory WaveGlow's activations may take at once; a batch runs "
-                                  "in slices within it (audio unchanged). [default: 15]")
+              metavar="GIB", help="Memory WaveGlow's activations may take at once; a batch runs in "
+                                  "slices within it (audio unchanged). [default: half the GPU's free "
+                                  "memory, at most 15; on CPU a sixteenth of the available RAM, at most 0.25]")
 @click.option("--force", is_flag=True, default=None,
               help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")

@@ -185,16 +185,58 @@ def make_engine(settings: Settings, notices: list[str]) -> Engine:
     if voice.notice:
         notices.append(voice.notice)
     tacotron2, waveglow = load_models(settings, voice)
-    return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, voice))
+    return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, voice, device))
 
 
-def synthesis_settings(s: Settings, voice: Voice | None = None) -> SynthesisSettings:
+def synthesis_settings(s: Settings, voice: Voice | None = None,
+                       device: torch.device | None = None) -> SynthesisSettings:
     """The engine's share of the run's settings; ``voice`` (default: models
-    in NVIDIA's published shapes) fills what the run leaves unset."""
+    in NVIDIA's published shapes) and ``device`` (default: the run's) fill
+    what the run leaves unset."""
     decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
                             prenet_dropout=s.prenet_dropout)
+    memory = s.waveglow_memory_gib or waveglow_memory_gib(device or resolve_device(s.device))
     return SynthesisSettings(sigma=s.sigma, denoiser_strength=denoiser_strength(s, voice), decode=decode,
-                             waveglow_memory_gib=s.waveglow_memory_gib, return_mels=s.save_mels)
+                             waveglow_memory_gib=memory, return_mels=s.save_mels)
+
+
+# WaveGlow's memory when the run sets none: (share of what the device has
+# free, at most this many GiB). CUDA: half the free device memory, at most
+# the 15 GiB that the H200 measurements ran with (about a million rows in
+# fp16; its fused path then took 7.4 GiB). CPU: a sixteenth of the
+# available RAM, at most 1/4 GiB: the budget was host RAM there, and 15 GiB
+# of it took 14.6 GB for 100 lines of the demo voice; smaller slices also run
+# faster on a CPU (2 cores, demo voice, fp32, 32 long lines: 27.8x real time
+# in slices of 1/8 GiB, 14.6x in 1/2 GiB, 8.1x in 2 GiB).
+WAVEGLOW_MEMORY_SHARE = {"cuda": (1 / 2, 15.0), "cpu": (1 / 16, 0.25)}
+
+
+def waveglow_memory_gib(device: torch.device) -> float:
+    """WaveGlow's default budget on ``device``, in GiB (WAVEGLOW_MEMORY_SHARE)."""
+    share, most = WAVEGLOW_MEMORY_SHARE[device.type]
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_ram()
+    return min(share * free / 2 ** 30, most) if free is not None else most
+
+
+def available_ram(root: Path = Path("/")) -> int | None:
+    """Bytes of RAM this process can still take: the kernel's MemAvailable,
+    or less where a cgroup (a container's memory limit) leaves less; None
+    where neither can be read (not Linux)."""
+    found = []
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    cgroup = root / "sys/fs/cgroup"
+    for limit, usage in (("memory.max", "memory.current"),     # cgroup v2
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):   # v1
+        try:
+            found.append(max(int((cgroup / limit).read_text()) - int((cgroup / usage).read_text()), 0))
+        except (OSError, ValueError):   # no such file, or "max": no limit
+            pass
+    return min(found) if found else None
 
 
 def denoiser_strength(settings: Settings, voice: Voice | None) -> float:
