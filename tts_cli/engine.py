@@ -354,13 +354,24 @@ class Engine:
         work in flight is dropped at its next slice. On every way out the
         two threads are stopped and joined before this returns."""
         batches = list(batches)
+        # A decoder graph captured while the other thread launches WaveGlow's
+        # work can fail (CUDA forbids some calls from any thread during a
+        # capture), so a capture after this start-up (a shape met only when
+        # a batch is split, or every shape if out of memory here) runs with
+        # the GPU to the decoder alone: WaveGlow's thread holds this lock
+        # while it works.
+        gpu_alone, capture_later = threading.RLock(), False
         if self.graphed is not None:
-            self.graphed.prepare({(len(jobs), max(len(j.ids) for j in jobs)) for jobs in batches})
+            try:
+                self.graphed.prepare({(len(jobs), max(len(j.ids) for j in jobs)) for jobs in batches})
+            except torch.cuda.OutOfMemoryError:
+                self._release_memory()
+                capture_later = True
         stop, abort, halt = stop or threading.Event(), abort or threading.Event(), threading.Event()
         decoded: queue.Queue = queue.Queue()
         results: queue.Queue = queue.Queue(maxsize=depth)
-        stages = [_start(self._decode_stage, decoded, halt, batches, stop),
-                  _start(self._vocode_stage, results, halt, decoded)]
+        stages = [_start(self._decode_stage, decoded, halt, batches, stop, gpu_alone, capture_later),
+                  _start(self._vocode_stage, results, halt, decoded, gpu_alone)]
         try:
             while (item := _get(results, abort)) is not _DONE:
                 if isinstance(item, _Crash):
@@ -383,8 +394,8 @@ class Engine:
             torch.cuda.empty_cache()
 
     @torch.inference_mode()
-    def _decode_stage(self, batches: list[list[Job]], stop: threading.Event, out: queue.Queue,
-                      halt: threading.Event) -> None:
+    def _decode_stage(self, batches: list[list[Job]], stop: threading.Event, gpu_alone: threading.RLock,
+                      capture_later: bool, out: queue.Queue, halt: threading.Event) -> None:
         with self._stream():
             for jobs in batches:
                 # One batch decoded ahead of WaveGlow keeps both busy; more
@@ -392,11 +403,12 @@ class Engine:
                 _wait_until_taken(out, halt)
                 if stop.is_set() or halt.is_set():
                     break
-                self._decode_split(jobs, out, stop, halt)
+                with gpu_alone if capture_later else contextlib.nullcontext():
+                    self._decode_split(jobs, out, stop, halt, gpu_alone)
         _put(out, _DONE, halt)
 
     def _decode_split(self, jobs: list[Job], out: queue.Queue, stop: threading.Event,
-                      halt: threading.Event) -> None:
+                      halt: threading.Event, gpu_alone: threading.RLock) -> None:
         """Decode ``jobs``; out of memory, decode each half on its own. A
         batch whose decoding ends after ``stop`` was set is dropped: WaveGlow
         would take far longer over it than the decoder did."""
@@ -408,10 +420,11 @@ class Engine:
             if len(jobs) == 1:
                 _put(out, (jobs, e), halt)
                 return
-            self._release_memory()
-            for half in _halves(jobs):
-                if not halt.is_set():
-                    self._decode_split(half, out, stop, halt)
+            with gpu_alone:   # the halves' shapes may need graphs captured
+                self._release_memory()
+                for half in _halves(jobs):
+                    if not halt.is_set():
+                        self._decode_split(half, out, stop, halt, gpu_alone)
             return
         except RuntimeError as e:
             _put(out, (jobs, e), halt)
@@ -420,7 +433,8 @@ class Engine:
             _put(out, (jobs, decoded, _record_event(self.device), host), halt)
 
     @torch.inference_mode()
-    def _vocode_stage(self, decoded: queue.Queue, out: queue.Queue, halt: threading.Event) -> None:
+    def _vocode_stage(self, decoded: queue.Queue, gpu_alone: threading.RLock, out: queue.Queue,
+                      halt: threading.Event) -> None:
         """Vocode each decoded batch, results in batch order. With
         ``overlap_batches`` the next batch's GPU work is queued before the
         previous batch is waited for and handed on, so the stream does not
@@ -429,33 +443,41 @@ class Engine:
         with self._stream():
             while (item := _get(decoded, halt)) is not _DONE:
                 decoded.task_done()
-                if isinstance(item, _Crash):
-                    self._hand_on(pending, out, halt)
-                    _put(out, item, halt)
-                    return
-                jobs, tensors, *rest = item
-                if isinstance(tensors, Exception):
-                    self._hand_on(pending, out, halt)
-                    pending = None
-                    _put(out, (jobs, tensors), halt)
-                    continue
-                event, host = rest
-                _wait_for(event, tensors, self.device)
-                for part_jobs, part, part_host in self._waveglow_parts(jobs, tensors, host):
-                    if halt.is_set():
-                        break
-                    launched = None
-                    if self.overlap_batches:
-                        try:
-                            launched = self._vocode_launch(part_jobs, *part, *part_host)
-                        except RuntimeError:
-                            pass   # out of memory among them: the halving path below, in order
-                    self._hand_on(pending, out, halt)
-                    pending = launched
-                    if launched is None:
-                        self._vocode_split(part_jobs, part, out, halt)
-            self._hand_on(pending, out, halt)
+                with gpu_alone:
+                    if isinstance(item, _Crash):
+                        self._hand_on(pending, out, halt)
+                        _put(out, item, halt)
+                        return
+                    pending = self._vocode_item(item, pending, out, halt)
+            with gpu_alone:
+                self._hand_on(pending, out, halt)
         _put(out, _DONE, halt)
+
+    def _vocode_item(self, item, pending: "_Launched | None", out: queue.Queue,
+                     halt: threading.Event) -> "_Launched | None":
+        """One decoded batch (or the error that failed it) through WaveGlow;
+        the batch launched last, whose results are still to be handed on."""
+        jobs, tensors, *rest = item
+        if isinstance(tensors, Exception):
+            self._hand_on(pending, out, halt)
+            _put(out, (jobs, tensors), halt)
+            return None
+        event, host = rest
+        _wait_for(event, tensors, self.device)
+        for part_jobs, part, part_host in self._waveglow_parts(jobs, tensors, host):
+            if halt.is_set():
+                break
+            launched = None
+            if self.overlap_batches:
+                try:
+                    launched = self._vocode_launch(part_jobs, *part, *part_host)
+                except RuntimeError:
+                    pass   # out of memory among them: the halving path below, in order
+            self._hand_on(pending, out, halt)
+            pending = launched
+            if launched is None:
+                self._vocode_split(part_jobs, part, out, halt)
+        return pending
 
     def _waveglow_parts(self, jobs: list[Job], tensors, host):
         """A decoded batch as WaveGlow runs it: on CUDA whole; on CPU, where a
