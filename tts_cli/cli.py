@@ -62,8 +62,9 @@ def main():
               help="Corpus format: plain lines (id = line number), ljspeech (id|text), tsv (id<TAB>text). [default: plain]")
 @click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available]")
 @click.option("--precision", type=click.Choice(PRECISION_NAMES),
-              help="[default: fp16 on CUDA, fp32 on CPU]")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Most lines per batch. [default: 128]")
+              help="[default: fp16 on CUDA, fp16 on CPU]")
+@click.option("--batch-size", type=click.IntRange(min=1),
+              help="Most lines per batch. [default: 128 on a GPU, 16 on CPU]")
 @click.option("--sigma", type=click.FloatRange(min=0), help="WaveGlow noise scale. [default: 0.666]")
 @click.option("--denoiser-strength", type=click.FloatRange(min=0),
               help="Denoiser strength; 0 disables it. [default: 0.01, as the reference; 0 for the demo voice]")

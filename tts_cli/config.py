@@ -25,6 +25,14 @@ PRECISION_NAMES = ("fp32", "fp16", "bf16")
 BENCH_WARM_UPS = ("line", "batch")
 
 
+# Most lines per batch when the run sets none, by device type. CUDA: 128 ran
+# fastest on an H200 (BENCHMARKS.md). CPU: a batch is what a Ctrl-C waits
+# for (signals.py), and 100 lines of the demo voice on 2 cores ran as fast in
+# batches of 16 as of 32 (47-65 s against 50-56 s, three runs each on a shared
+# machine; 66 s in batches of 128), ending 6 s after a Ctrl-C against 12 s.
+BATCH_SIZES = {"cuda": 128, "cpu": 16}
+
+
 class ConfigError(ValueError):
     """A bad recipe or option; the message is one line."""
 
@@ -40,7 +48,7 @@ class Settings:
     gate_threshold: float = 0.5         # stop where sigmoid(gate) > this
     prenet_dropout: float = 0.5         # the reference keeps it on at inference; 0 = deterministic
     seed: int | None = None             # run seed; None draws one (recorded in the manifest)
-    batch_size: int = 128               # most lines per batch (fastest on an H200, BENCHMARKS.md)
+    batch_size: int | None = None       # most lines per batch; None: BATCH_SIZES by device
     sample_format: str = "pcm16"        # WAV subtype: pcm16 or float32
     save_mels: bool = False             # also write mels/<id>.npy
     format: str = "plain"               # corpus format: plain, ljspeech, tsv
@@ -66,7 +74,7 @@ def _problems(s: Settings):
         (s.max_decoder_steps >= 1, "max_decoder_steps must be >= 1"),
         (0 < s.gate_threshold < 1, "gate_threshold must be between 0 and 1"),
         (0 <= s.prenet_dropout < 1, "prenet_dropout must be in [0, 1)"),
-        (s.batch_size >= 1, "batch_size must be >= 1"),
+        (s.batch_size is None or s.batch_size >= 1, "batch_size must be >= 1"),
         (s.seed is None or s.seed >= 0, "seed must be >= 0"),
         (s.max_symbols_per_piece >= 0, "max_symbols_per_piece must be >= 0 (0 disables splitting)"),
         (0 <= s.piece_pause <= 10, "piece_pause must be between 0 and 10 seconds"),

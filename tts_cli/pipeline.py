@@ -20,7 +20,7 @@ from tts_cli import distributed, output_lock, resume
 from tts_cli import text as frontend
 from tts_cli.audio import atomic_write, write_mel, write_wav
 from tts_cli.batching import length_sorted_batches
-from tts_cli.config import Settings
+from tts_cli.config import BATCH_SIZES, Settings
 from tts_cli.corpus import NOTHING_TO_SAY, CorpusError, Utterance, read_corpus
 from tts_cli.distributed import Group, GroupError
 from tts_cli.engine import Engine, Job, Result
@@ -144,7 +144,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
     manifest = _Checkpoint(manifest_path, utterances, rows, seed)
-    share, checkpoint = _my_share(pending, manifest, settings, group)
+    share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), group)
     notices: list[str] = []
     stop = signals.stop
     started = time.perf_counter()
@@ -191,15 +191,20 @@ class _Share:
     shared: set[_Pending] = field(default_factory=set)
 
 
-def _batch_plan(pending: list[_Pending], settings: Settings) -> list[list[tuple[_Pending, int]]]:
+def _batch_size(settings: Settings, identity: dict) -> int:
+    """--batch-size, or the default for the device the run uses."""
+    return settings.batch_size or BATCH_SIZES[identity["device"]]
+
+
+def _batch_plan(pending: list[_Pending], batch_size: int) -> list[list[tuple[_Pending, int]]]:
     """Every piece left to make, in length-sorted batches: the same plan on
     one process and on every process of a torchrun job."""
     work = [(p, i) for p in pending for i in range(len(p.pieces))]
     return [[work[i] for i in batch]
-            for batch in length_sorted_batches([len(p.pieces[i]) for p, i in work], settings.batch_size)]
+            for batch in length_sorted_batches([len(p.pieces[i]) for p, i in work], batch_size)]
 
 
-def _my_share(pending: list[_Pending], manifest: "_Checkpoint", settings: Settings,
+def _my_share(pending: list[_Pending], manifest: "_Checkpoint", batch_size: int,
               group: Group | None) -> tuple[_Share, "_Checkpoint"]:
     """This process's share of the plan and where it saves its rows: on its
     own, every batch, every row into the manifest. Under torchrun, whole
@@ -208,7 +213,7 @@ def _my_share(pending: list[_Pending], manifest: "_Checkpoint", settings: Settin
     would share on one process, and its audio is that process's; each line's
     row is made by the process that makes its first piece, into its own
     partial manifest."""
-    batches = _batch_plan(pending, settings)
+    batches = _batch_plan(pending, batch_size)
     if group is None:
         return _Share(batches, pending), manifest
     costs = [len(batch) * max(len(p.pieces[i]) for p, i in batch) for batch in batches]
