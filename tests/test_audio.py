@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -128,14 +129,39 @@ def test_successful_write_leaves_only_the_final_file(tmp_path):
 
 
 def test_failed_wav_write_leaves_no_temp_file_and_no_final_file(tmp_path, monkeypatch):
-    def write_half_then_fail(file, *args, **kwargs):
-        with open(file, "wb") as partial:
-            partial.write(b"RIFF\x00\x00")  # a truncated header, as after a crash
-        raise OSError("disk full")
+    real_open = open
 
-    monkeypatch.setattr(audio.sf, "write", write_half_then_fail)
-    with pytest.raises(OSError, match="disk full"):
+    class HalfWritten:
+        def __init__(self, path, mode):
+            self.file = real_open(path, mode)
+
+        def write(self, data):
+            self.file.write(bytes(data)[:6])   # a truncated header, as when the disk fills up
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    monkeypatch.setattr(audio, "open", HalfWritten, raising=False)
+    with pytest.raises(audio.WriteError, match="No space left on device") as error:
         write_wav(tmp_path / "utt.wav", np.zeros(10, dtype=np.float32), 22050)
+    # named by the file the user asked for, not the temporary one
+    assert error.value.filename == str(tmp_path / "utt.wav") and error.value.errno == errno.ENOSPC
+    assert files_in(tmp_path) == []
+
+
+def test_a_libsndfile_failure_is_a_write_error_naming_the_file(tmp_path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise sf.LibsndfileError(2, prefix="Error writing: ")
+
+    monkeypatch.setattr(audio.sf, "write", fail)
+    with pytest.raises(audio.WriteError) as error:
+        write_wav(tmp_path / "utt.wav", np.zeros(10, dtype=np.float32), 22050)
+    assert error.value.filename == str(tmp_path / "utt.wav")
+    assert error.value.strerror == "libsndfile: Error writing: System error."
     assert files_in(tmp_path) == []
 
 

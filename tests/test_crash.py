@@ -2,6 +2,8 @@
 output directory must stay valid and a re-run must end where one
 uninterrupted run ends."""
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,3 +111,105 @@ def test_sigint_and_sigterm_finish_in_flight_files_save_and_say_how_to_resume(
     result = CliRunner().invoke(main, arguments(slow_checkpoints, out)[:-1])
     assert result.exit_code == 0 and f"{len(done)} reused" in result.output
     assert_same_output(out, reference)
+
+
+def one_clean_line(stderr):
+    """What a cron log gets: one line, no traceback, no abort message."""
+    assert "Traceback" not in stderr and "terminate called" not in stderr, stderr
+    assert stderr.count("\n") == 1, stderr
+    return stderr
+
+
+@pytest.mark.parametrize("first, then", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM),
+                                         (signal.SIGINT, signal.SIGTERM)])
+def test_any_number_of_signals_end_the_run_cleanly_with_the_first_signals_status(
+        slow_checkpoints, reference, tmp_path, first, then):
+    # A second Ctrl-C (or torchrun's SIGTERM after one) used to abort the
+    # process: exit status 134 and "terminate called without an active
+    # exception", the engine's threads still running.
+    out = tmp_path / "out"
+    process = start(slow_checkpoints, out)
+    wait_for_wavs(process, out, 2)
+    process.send_signal(first)
+    time.sleep(0.05)
+    while process.poll() is None:   # and more, as fast as a user can hit Ctrl-C
+        process.send_signal(then)
+        time.sleep(0.02)
+    stderr = process.stderr.read()
+    assert process.returncode == 128 + first, stderr
+    assert signal.Signals(first).name in one_clean_line(stderr) and "run the same command again" in stderr
+    assert_valid(out)
+    rows = read_manifest(out / "manifest.jsonl")
+    done = [r for r in rows if r["status"] == "truncated"]
+    assert sorted(p.stem for p in (out / "wavs").glob("*.wav")) == sorted(r["id"] for r in done)
+    result = CliRunner().invoke(main, arguments(slow_checkpoints, out)[:-1])
+    assert result.exit_code == 0 and f"{len(done)} reused" in result.output
+    assert_same_output(out, reference)
+
+
+def test_signals_before_the_models_are_loaded_end_the_run_the_same_way(slow_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    process = start(slow_checkpoints, out)
+    deadline = time.monotonic() + 60
+    while not (out / ".tts-batch.lock").exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert "SIGTERM received" in one_clean_line(stderr)
+    assert_valid(out)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A mount point for a 2 MB tmpfs (``mount(options)``), where this
+    machine lets the tests mount one (as root); skipped elsewhere."""
+    point = tmp_path / "small"
+    point.mkdir()
+    mounted = []
+
+    def mount(options="size=2m"):
+        if shutil.which("mount") is None:
+            pytest.skip("no mount command here")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(point)
+        return point
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_a_real_full_disk_ends_in_one_line_and_a_rerun_with_space_finishes(
+        slow_checkpoints, reference, small_filesystem):
+    # On a 2 MB tmpfs the write used to fail inside libsndfile ("System
+    # error.", not an OSError): a traceback, then an abort.
+    disk = small_filesystem()
+    filler = disk / "filler"
+    with open(filler, "wb") as f:   # leave room for the manifest and a few WAVs
+        f.write(bytes(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - 120_000))
+    out = disk / "out"
+    process = start(slow_checkpoints, out)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, stderr
+    assert re.search(rf"cannot write {re.escape(str(out))}/\S+: No space left on device; free disk space",
+                     one_clean_line(stderr))
+    assert_valid(out)
+    for row in read_manifest(out / "manifest.jsonl"):   # no row vouches for a missing file
+        assert row["status"] == "error" or sf.info(str(out / row["audio_filepath"])).frames == row["num_samples"]
+    filler.unlink()
+    result = CliRunner().invoke(main, arguments(slow_checkpoints, out))
+    assert result.exit_code == 0, result.output
+    assert_same_output(out, reference)
+
+
+def test_a_read_only_file_system_ends_in_one_line_before_any_work(slow_checkpoints, small_filesystem):
+    disk = small_filesystem("ro,size=1m")
+    process = start(slow_checkpoints, disk / "out")
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, stderr
+    assert f"cannot write {disk / 'out'}: Read-only file system" in one_clean_line(stderr)
+    assert "remount it writable or choose another -o" in stderr

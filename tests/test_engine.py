@@ -1,4 +1,5 @@
 """The engine: device and precision policy, whole-batch synthesis independent of the batch."""
+import contextlib
 import threading
 import time
 
@@ -115,3 +116,103 @@ def test_without_return_mels_the_audio_is_the_same_and_no_mel_comes_back():
         assert b.mel is None and a.mel.shape == (16, a.frames)
         assert b.frames == a.frames
         np.testing.assert_array_equal(a.audio, b.audio)
+
+
+def engine_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("tts-") and t.is_alive()]
+
+
+def short_batches(count, size=2):
+    return [[Job([12, 13, 14, 15][: 2 + i % 3], seed=10 * b + i, frames=4) for i in range(size)]
+            for b in range(count)]
+
+
+def test_a_batch_still_in_the_decoder_when_the_signal_comes_is_not_vocoded(monkeypatch):
+    # Ctrl-C while batch 1 decodes and batch 0 is in WaveGlow: batch 0 (decoded
+    # before the signal) is still written; batch 1 would cost WaveGlow far
+    # more time than the decoder spent on it, so it is dropped, and nothing
+    # after it is decoded.
+    engine, stop, signalled = make_engine(), threading.Event(), threading.Event()
+    decoded, vocoded = [], []
+    decode, vocode = Engine.decode_only, Engine._vocode
+
+    def decoding(self, jobs):
+        decoded.append(jobs)
+        if len(decoded) == 2:
+            stop.set()
+            signalled.set()
+        return decode(self, jobs)
+
+    def vocoding(self, mel, *rest):
+        signalled.wait(timeout=30)
+        vocoded.append(mel.shape[0])
+        return vocode(self, mel, *rest)
+
+    monkeypatch.setattr(Engine, "decode_only", decoding)
+    monkeypatch.setattr(Engine, "_vocode", vocoding)
+    batches = short_batches(6)
+    out = list(engine.synthesize_all(batches, stop=stop))
+    assert [jobs for jobs, _ in out] == batches[:1]
+    assert decoded == batches[:2] and vocoded == [2]
+    assert not engine_threads()
+
+
+def test_after_the_signal_the_decoder_takes_no_new_batch_and_what_it_decoded_is_written(monkeypatch):
+    # Batch 1 is decoded while WaveGlow works on batch 0; the signal comes
+    # then. Both come out; batch 2 never enters the decoder, which works at
+    # most one batch ahead of WaveGlow.
+    engine, stop, second_decoded = make_engine(), threading.Event(), threading.Event()
+    decoded = []
+    decode, vocode = Engine.decode_only, Engine._vocode
+
+    def decoding(self, jobs):
+        decoded.append(jobs)
+        result = decode(self, jobs)
+        if len(decoded) == 2:
+            second_decoded.set()
+        return result
+
+    def vocoding(self, mel, *rest):
+        if not stop.is_set():
+            assert second_decoded.wait(timeout=30)
+            stop.set()
+        return vocode(self, mel, *rest)
+
+    monkeypatch.setattr(Engine, "decode_only", decoding)
+    monkeypatch.setattr(Engine, "_vocode", vocoding)
+    batches = short_batches(6)
+    out = list(engine.synthesize_all(batches, stop=stop))
+    assert [jobs for jobs, _ in out] == batches[:2]
+    assert decoded == batches[:2]
+    assert not engine_threads()
+
+
+@pytest.mark.parametrize("how", ["abort", "caller leaves", "caller fails", "stage fails"])
+def test_every_way_out_of_a_run_stops_and_joins_the_engines_threads(monkeypatch, how):
+    # A thread still running torch code when the interpreter exits aborts the
+    # process (exit status 134), whatever ended the run.
+    engine, abort = make_engine(), threading.Event()
+    decode = Engine.decode_only
+
+    def decoding(self, jobs):
+        if how == "stage fails" and jobs[0].seed >= 20:
+            raise ValueError("a bug in a stage")
+        return decode(self, jobs)
+
+    monkeypatch.setattr(Engine, "decode_only", decoding)
+    batches = short_batches(8)
+    run = engine.synthesize_all(batches, abort=abort)
+    received = []
+    with pytest.raises(ValueError) if how in ("caller fails", "stage fails") else contextlib.nullcontext():
+        for jobs, _ in run:
+            received.append(jobs)
+            if how == "abort":
+                abort.set()
+            elif how == "caller leaves":
+                run.close()
+            elif how == "caller fails":
+                raise ValueError("the caller's own error")
+    if how == "caller fails":
+        run.close()   # what contextlib.closing does for the pipeline
+    assert received == batches[: 2 if how == "stage fails" else 1]
+    assert not engine_threads()

@@ -35,3 +35,22 @@ def test_a_run_lets_go_of_each_lines_audio_once_it_is_written(tmp_path):
     assert summary.counts["ok"] == 8 and len(still_held) == 4
     # when a batch comes out, only the one before it may still be in hand
     assert max(still_held) <= 2, still_held
+
+
+def test_without_a_batch_size_cpu_runs_batches_of_16(tmp_path):
+    # 128, the GPU's default, made a batch that WaveGlow takes most of a
+    # minute over on a CPU, and that much work for one Ctrl-C to wait for.
+    engine = Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"), torch.float32,
+                    SynthesisSettings(decode=DecodeSettings(max_decoder_steps=4)))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Line number {n} of the corpus.\n" for n in range(40)))
+    sizes = []
+    run_batches = engine.synthesize_all
+
+    def watched(batches, **options):
+        sizes.extend(len(jobs) for jobs in batches)
+        return run_batches(batches, **options)
+    engine.synthesize_all = watched
+    summary = synthesize_corpus(Settings(quiet=True, device="cpu"), corpus, tmp_path / "out",
+                                on_notice=lambda m: None, engine=engine, frames_per_symbol=0.1)
+    assert summary.counts["ok"] == 40 and sizes == [16, 16, 8]

@@ -1,6 +1,10 @@
 """Never lose a line, in process: resume, out-of-memory retries, full disks,
 long lines. (Killing a real process: test_crash.py.)"""
 import errno
+import os
+import re
+import threading
+from pathlib import Path
 
 import pytest
 import soundfile as sf
@@ -8,6 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from outputs import manifest, assert_same_output, mtimes
+from tts_cli import audio
 from tts_cli.cli import main
 from tts_cli.engine import Engine
 from tiny_models import HOP
@@ -181,33 +186,111 @@ def test_only_a_line_that_fails_alone_is_an_error(tmp_path, tiny_checkpoints, mo
 
 # --- disk and permissions ----------------------------------------------------------------------
 
-def test_a_full_disk_saves_what_was_written_and_leaves_no_partial_file(tmp_path, tiny_checkpoints,
-                                                                       monkeypatch):
+class FailingDisk:
+    """The third file of a kind (``.wav`` or ``.npy``) fails to be written, as
+    ``how`` says: at the temporary file's open (EACCES, EROFS), half-way
+    through its data (ENOSPC), at its fsync (EIO), or in libsndfile."""
+
+    def __init__(self, monkeypatch, how, suffix):
+        self.how, self.suffix, self.seen, self.lock = how, suffix, 0, threading.Lock()
+        real_open, real_fsync, real_encode = open, audio._fsync_file, sf.write
+        self.real_open = real_open
+
+        def failing_open(file, mode="r", *args, **kwargs):
+            if "w" in mode and self._fails(file, ("EACCES", "EROFS", "ENOSPC")):
+                if how != "ENOSPC":
+                    raise OSError(getattr(errno, how), os.strerror(getattr(errno, how)), str(file))
+                return _FillsUp(real_open(file, mode, *args, **kwargs))
+            return real_open(file, mode, *args, **kwargs)
+
+        def failing_fsync(path):
+            if self._fails(path, ("EIO",)):
+                raise OSError(errno.EIO, os.strerror(errno.EIO))   # as os.fsync: no file name
+            real_fsync(path)
+
+        def failing_encode(file, *args, **kwargs):
+            if how == "libsndfile" and self._count():
+                raise sf.LibsndfileError(2, prefix="Error writing: ")
+            real_encode(file, *args, **kwargs)
+
+        monkeypatch.setattr(audio, "open", failing_open, raising=False)
+        monkeypatch.setattr(audio, "_fsync_file", failing_fsync)
+        monkeypatch.setattr(audio.sf, "write", failing_encode)
+
+    def _fails(self, path, kinds) -> bool:
+        return self.how in kinds and f"{self.suffix}." in Path(path).name and self._count()
+
+    def _count(self) -> bool:
+        with self.lock:
+            self.seen += 1
+            return self.seen == 3
+
+
+class _FillsUp:
+    """A file that takes half of what is written, then the disk is full."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data):
+        self.file.write(bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+@pytest.mark.parametrize("how, suffix, advice", [
+    ("ENOSPC", ".wav", "free disk space"), ("EACCES", ".wav", "fix the permissions"),
+    ("EIO", ".wav", "I/O error"), ("EROFS", ".wav", "read-only"),
+    ("libsndfile", ".wav", "free disk space or fix the permissions"),
+    ("ENOSPC", ".npy", "free disk space")])
+def test_a_failed_write_ends_in_one_line_keeps_every_written_row_and_no_partial_file(
+        tmp_path, tiny_checkpoints, monkeypatch, how, suffix, advice):
     corpus = write(tmp_path, LINES)
     out = tmp_path / "out"
-    written = []
-    real_write = sf.write
-
-    def fill_up(path, data, *args, **kwargs):
-        if len(written) == 2:   # the third WAV: a partial file, then the disk is full
-            open(path, "wb").write(b"RIFF\0\0")
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        written.append(path)
-        real_write(path, data, *args, **kwargs)
-    monkeypatch.setattr(sf, "write", fill_up)
-    result = synth(corpus, out, tiny_checkpoints, "--batch-size", "1", "--quiet")
-    assert result.exit_code == 2
-    assert result.output.count("\n") == 1 and "No space left on device" in result.output
+    FailingDisk(monkeypatch, how, suffix)
+    result = synth(corpus, out, tiny_checkpoints, "--batch-size", "1", "--quiet", "--save-mels")
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and "Traceback" not in result.output
+    # the file that failed under its final name, the cause, and what to do
+    assert re.search(rf"cannot write {re.escape(str(out))}/(wavs|mels)/\d{{6}}\{suffix}: ", result.output)
+    cause = "libsndfile: Error writing: System error." if how == "libsndfile" else os.strerror(getattr(errno, how))
+    assert cause in result.output and advice in result.output
     assert "run the same command again" in result.output
     assert leftovers(out) == []
     rows = manifest(out)
     done = [r for r in rows if r["status"] == "ok"]
     assert len(done) == 2 and all(sf.info(str(out / r["audio_filepath"])).frames == r["num_samples"]
                                   for r in done)
+    # every file on disk has its row: none is left that no row vouches for
     assert sorted(p.name for p in (out / "wavs").iterdir()) == sorted(r["id"] + ".wav" for r in done)
+    assert sorted(p.name for p in (out / "mels").iterdir()) == sorted(r["id"] + ".npy" for r in done)
     monkeypatch.undo()
-    again = synth(corpus, out, tiny_checkpoints, "--batch-size", "1")
+    again = synth(corpus, out, tiny_checkpoints, "--batch-size", "1", "--save-mels")
     assert again.exit_code == 0 and "2 reused" in again.output
+
+
+def test_a_failed_write_leaves_no_engine_thread_running(tmp_path, tiny_checkpoints, monkeypatch):
+    # The run-ending error used to leave the engine's threads running when the
+    # manifest could not be saved, and the process aborted after the line.
+    from tts_cli import pipeline
+    saves = []
+
+    def full_after_first(path, lines):
+        if saves:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        saves.append(path)
+        real_write_manifest_lines(path, lines)
+    real_write_manifest_lines = pipeline.write_manifest_lines
+    monkeypatch.setattr(pipeline, "write_manifest_lines", full_after_first)
+    monkeypatch.setattr(pipeline, "CHECKPOINT_SECONDS", 0.0)
+    result = synth(write(tmp_path, LINES * 3), tmp_path / "out", tiny_checkpoints, "--quiet")
+    assert result.exit_code == 2 and "No space left on device" in result.output
+    assert not [t for t in threading.enumerate() if t.name.startswith("tts-") and t.is_alive()]
 
 
 def test_a_manifest_that_cannot_be_saved_keeps_the_last_one_and_says_so(tmp_path, tiny_checkpoints,

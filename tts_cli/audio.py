@@ -5,10 +5,17 @@ temporary file next to the target, flushed to disk, and only then renamed
 onto the final name. A run that is killed (Ctrl-C, OOM killer, pre-emption)
 therefore never leaves a truncated WAV under a name that looks finished,
 which matters because a resumed run skips files that already exist.
+
+A write that fails (no space, permissions, a read-only or failing disk)
+raises ``WriteError``, an OSError naming the final file and the cause, and
+leaves no temporary file. libsndfile only encodes, into memory: writing
+through it, a full disk came back as ``LibsndfileError: System error.``,
+neither an OSError nor saying which error it was.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +31,12 @@ SAMPLE_FORMATS = ("pcm16", "float32")
 _PCM16_SCALE = 32767.0
 _PCM16_MIN = -32768
 _PCM16_MAX = 32767
+
+
+class WriteError(OSError):
+    """A file could not be written: ``filename`` is its final name (not the
+    temporary one), ``errno`` and ``strerror`` the cause (``errno`` None
+    when libsndfile failed)."""
 
 
 def write_wav(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
@@ -50,9 +63,14 @@ def write_wav(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
             data, clipped = samples.astype(np.float32), 0
         _check_finite(data, path)
         subtype = "FLOAT"
+    encoded = io.BytesIO()
+    try:
+        sf.write(encoded, data, sample_rate, subtype=subtype, format="WAV")
+    except sf.SoundFileError as e:
+        raise WriteError(None, f"libsndfile: {e}", os.fspath(path)) from e
     with atomic_write(path) as temp_path:
-        # format= is required: the temporary name ends in .tmp, not .wav.
-        sf.write(temp_path, data, sample_rate, subtype=subtype, format="WAV")
+        with open(temp_path, "wb") as wav_file:
+            wav_file.write(encoded.getbuffer())
     return clipped
 
 
@@ -90,20 +108,23 @@ def atomic_write(path: str | os.PathLike) -> Iterator[Path]:
     finishes, the file is fsynced and renamed onto ``path`` with
     ``os.replace`` (atomic on POSIX and Windows within one directory). If the
     block raises, including KeyboardInterrupt, the temporary file is removed
-    and ``path`` is left as it was. Parent directories are created as needed.
+    and ``path`` is left as it was; an OSError comes out as ``WriteError``
+    naming ``path``. Parent directories are created as needed.
     """
     final_path = Path(path)
-    final_path.parent.mkdir(parents=True, exist_ok=True)
     # Same directory, so the rename never crosses a file system; hidden, so an
     # abandoned one (after SIGKILL) is not mistaken for output; the pid keeps
     # concurrent processes writing the same name from sharing a temp file.
     temp_path = final_path.with_name(f".{final_path.name}.{os.getpid()}.tmp")
     try:
+        final_path.parent.mkdir(parents=True, exist_ok=True)
         yield temp_path
         _fsync_file(temp_path)
         os.replace(temp_path, final_path)
-    except BaseException:
+    except BaseException as e:
         _remove_if_present(temp_path)
+        if isinstance(e, OSError) and not isinstance(e, WriteError):
+            raise WriteError(e.errno, e.strerror or str(e), os.fspath(final_path)) from e
         raise
     _fsync_directory(final_path.parent)
 
@@ -157,8 +178,9 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def _remove_if_present(path: Path) -> None:
-    """Delete a temporary file, ignoring that it may never have been created."""
+    """Delete a temporary file, ignoring that it may never have been created
+    (or cannot be removed either: the write's own error is the one to tell)."""
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except OSError:
         pass

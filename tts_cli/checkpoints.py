@@ -73,6 +73,9 @@ class _Inert:
 
     pickled_as = "?"
 
+    # What an object the file created without BUILD (no attributes at all) holds.
+    state: dict = {}
+
     def __setstate__(self, state):
         self.state = state if isinstance(state, dict) else {}
 
@@ -320,13 +323,14 @@ def _module_tensors(root: _Inert) -> dict:
         if id(module) in seen:  # ... or make a module its own child
             continue
         seen.add(id(module))
-        skip = module.state.get("_non_persistent_buffers_set") or ()
+        skip = module.state.get("_non_persistent_buffers_set")
+        skip = {k for k in skip if isinstance(k, str)} if isinstance(skip, (set, frozenset, list, tuple)) else ()
         for table in ("_parameters", "_buffers"):
             for key, value in _table(module.state, table).items():
-                if isinstance(value, torch.Tensor) and key not in skip:
+                if isinstance(key, str) and isinstance(value, torch.Tensor) and key not in skip:
                     out[f"{prefix}{key}"] = value
         for key, child in _table(module.state, "_modules").items():
-            if isinstance(child, _Inert):
+            if isinstance(key, str) and isinstance(child, _Inert):
                 todo.append((f"{prefix}{key}.", child))
     return out
 
@@ -410,7 +414,12 @@ def _as_float32(name: str, weights: dict) -> dict:
         if value.layout != torch.strided or not value.is_floating_point():
             raise CheckpointError(
                 f"{name}: {key} is a {value.dtype} {value.layout} tensor, not real-valued weights")
+        if value.device.type == "meta":
+            raise CheckpointError(f"{name}: {key} holds no data (a meta tensor); download the file again")
         out[key] = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        if not torch.isfinite(out[key]).all():
+            raise CheckpointError(f"{name}: {key} holds NaN or infinite values; the file is damaged, "
+                                  f"download it again")
     return out
 
 

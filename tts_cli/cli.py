@@ -62,8 +62,9 @@ def main():
               help="Corpus format: plain lines (id = line number), ljspeech (id|text), tsv (id<TAB>text). [default: plain]")
 @click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available]")
 @click.option("--precision", type=click.Choice(PRECISION_NAMES),
-              help="[default: fp16 on CUDA, fp32 on CPU]")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Most lines per batch. [default: 128]")
+              help="[default: fp16 on CUDA, fp16 on CPU]")
+@click.option("--batch-size", type=click.IntRange(min=1),
+              help="Most lines per batch. [default: 128 on a GPU, 16 on CPU]")
 @click.option("--sigma", type=click.FloatRange(min=0), help="WaveGlow noise scale. [default: 0.666]")
 @click.option("--denoiser-strength", type=click.FloatRange(min=0),
               help="Denoiser strength; 0 disables it. [default: 0.01, as the reference; 0 for the demo voice]")
@@ -83,13 +84,31 @@ def main():
 @click.option("--piece-pause", type=click.FloatRange(0, 10),
               help="Seconds of silence between the pieces of a cut line. [default: 0.15]")
 @click.option("--waveglow-memory", "waveglow_memory_gib", type=click.FloatRange(min=0, min_open=True),
-              metavar="GIB", help="GPU memory WaveGlow's activations may take at once; a batch runs "
-                                  "in slices within it (audio unchanged). [default: 15]")
+              metavar="GIB", help="Memory WaveGlow's activations may take at once; a batch runs in "
+                                  "slices within it (audio unchanged). [default: half the GPU's free "
+                                  "memory, at most 15; on CPU a sixteenth of the available RAM, at most 0.25]")
 @click.option("--force", is_flag=True, default=None,
               help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")
 def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **options):
     """Synthesize every line of CORPUS into OUT/wavs/<id>.wav and OUT/manifest.jsonl."""
+    from tts_cli.signals import StopOnSignals
+
+    # Before torch is imported (seconds): from here on no signal raises, so
+    # however many come, and whenever, the run ends through its own exits.
+    with StopOnSignals() as signals:
+        summary, settings, group = _synth(corpus, out_dir, recipe, format_, options, signals)
+        if not settings.quiet:
+            click.echo(_summary_lines(summary, out_dir), err=True)
+        # Rank 0 alone knows the whole job's outcome; under torchrun a failing
+        # process would also make torchrun stop the others.
+        failed = summary.counts["error"] and (group is None or group.rank == 0)
+        sys.exit(signals.exit_status or (EXIT_LINE_ERRORS if failed else 0))
+
+
+def _synth(corpus, out_dir, recipe, format_, options, signals):
+    """The run, or its end: one line and the exit status for a usage or
+    output error (2) and for a signal (130, 143)."""
     # torch loads only when needed
     from tts_cli import distributed
     from tts_cli.pipeline import FatalError, Interrupted, synthesize_corpus
@@ -104,21 +123,14 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
     echo = (lambda message: None) if settings.quiet else (lambda message: click.echo(message, err=True))
     try:
         with distributed.joined(group, settings.device):
-            summary = synthesize_corpus(settings, corpus, out_dir, on_notice=echo, group=group)
+            summary = synthesize_corpus(settings, corpus, out_dir, on_notice=echo, group=group,
+                                        signals=signals)
     except (FatalError, distributed.GroupError) as e:
         fatal(str(e))
     except Interrupted as e:
         _stopped(e, group)
-        sys.exit(128 + e.signum)
-    except KeyboardInterrupt:
-        click.echo(f"tts-batch: stopped at once; {_resume_hint(group)}", err=True)
-        sys.exit(130)
-    if not settings.quiet:
-        echo(_summary_lines(summary, out_dir))
-    # Rank 0 alone knows the whole job's outcome; under torchrun a failing
-    # process would also make torchrun stop the others.
-    failed = summary.counts["error"] and (group is None or group.rank == 0)
-    sys.exit(EXIT_LINE_ERRORS if failed else 0)
+        sys.exit(signals.exit_status)
+    return summary, settings, group
 
 
 def _for_rank(settings, group):

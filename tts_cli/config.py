@@ -21,6 +21,14 @@ DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")
 
 
+# Most lines per batch when the run sets none, by device type. CUDA: 128 ran
+# fastest on an H200 (BENCHMARKS.md). CPU: a batch is what a Ctrl-C waits
+# for (signals.py), and 100 lines of the demo voice on 2 cores ran as fast in
+# batches of 16 as of 32 (47-65 s against 50-56 s, three runs each on a shared
+# machine; 66 s in batches of 128), ending 6 s after a Ctrl-C against 12 s.
+BATCH_SIZES = {"cuda": 128, "cpu": 16}
+
+
 class ConfigError(ValueError):
     """A bad recipe or option; the message is one line."""
 
@@ -36,7 +44,7 @@ class Settings:
     gate_threshold: float = 0.5         # stop where sigmoid(gate) > this
     prenet_dropout: float = 0.5         # the reference keeps it on at inference; 0 = deterministic
     seed: int | None = None             # run seed; None draws one (recorded in the manifest)
-    batch_size: int = 128               # most lines per batch (fastest on an H200, BENCHMARKS.md)
+    batch_size: int | None = None       # most lines per batch; None: BATCH_SIZES by device
     sample_format: str = "pcm16"        # WAV subtype: pcm16 or float32
     save_mels: bool = False             # also write mels/<id>.npy
     format: str = "plain"               # corpus format: plain, ljspeech, tsv
@@ -44,7 +52,8 @@ class Settings:
     precision: str | None = None        # fp32, fp16, bf16; None: fp16 on CUDA, fp32 on CPU
     max_symbols_per_piece: int = 180    # longer lines are cut into pieces; 0 disables (splitting.py)
     piece_pause: float = 0.15           # seconds of silence between a cut line's pieces
-    waveglow_memory_gib: float = 15.0   # GPU memory WaveGlow's activations may take; batches run in slices within it
+    waveglow_memory_gib: float | None = None  # memory WaveGlow's activations may take (batches run in slices
+                                              # within it); None: a share of the machine's (voice.py)
     force: bool = False                 # redo every line, reusing nothing from an earlier run
     quiet: bool = False                 # no progress bar or summary
 
@@ -61,11 +70,11 @@ def _problems(s: Settings):
         (s.max_decoder_steps >= 1, "max_decoder_steps must be >= 1"),
         (0 < s.gate_threshold < 1, "gate_threshold must be between 0 and 1"),
         (0 <= s.prenet_dropout < 1, "prenet_dropout must be in [0, 1)"),
-        (s.batch_size >= 1, "batch_size must be >= 1"),
+        (s.batch_size is None or s.batch_size >= 1, "batch_size must be >= 1"),
         (s.seed is None or s.seed >= 0, "seed must be >= 0"),
         (s.max_symbols_per_piece >= 0, "max_symbols_per_piece must be >= 0 (0 disables splitting)"),
         (0 <= s.piece_pause <= 10, "piece_pause must be between 0 and 10 seconds"),
-        (s.waveglow_memory_gib > 0, "waveglow_memory_gib must be > 0"),
+        (s.waveglow_memory_gib is None or s.waveglow_memory_gib > 0, "waveglow_memory_gib must be > 0"),
         (s.sample_format in SAMPLE_FORMATS, f"sample_format must be one of {', '.join(SAMPLE_FORMATS)}"),
         (s.format in CORPUS_FORMATS, f"format must be one of {', '.join(CORPUS_FORMATS)}"),
         (s.precision is None or s.precision in PRECISION_NAMES,

@@ -23,6 +23,9 @@ from tts_cli.waveglow import Denoiser, WaveGlow
 from tts_cli.waveglow_fast import FastWaveGlow, supports, waveglow_rows_within
 
 _DONE = object()   # end-of-stream marker between pipeline threads
+# How often a pipeline thread waiting on a queue looks whether the run was
+# halted (a get or put returns at once when the other side is ready).
+_POLL_SECONDS = 0.05
 
 
 class _Crash:
@@ -32,17 +35,50 @@ class _Crash:
         self.error = error
 
 
-def _start(stage, source, sink) -> threading.Thread:
+def _start(stage, sink: queue.Queue, halt: threading.Event, *args) -> threading.Thread:
+    """``stage(*args, sink, halt)`` on a thread of its own."""
     def run():
         try:
-            stage(source, sink)
+            stage(*args, sink, halt)
         except BaseException as e:  # noqa: BLE001 - handed to the consuming thread
-            sink.put(_Crash(e))
-    # Daemon: a stage blocked on a consumer that went away must not keep the
-    # process alive.
+            _put(sink, _Crash(e), halt)
+    # Daemon as a last resort only: synthesize_all joins its stages on every
+    # way out, since a thread still running torch code when the interpreter
+    # exits aborts the process ("terminate called without an active
+    # exception", exit status 134).
     thread = threading.Thread(target=run, daemon=True, name=f"tts-{stage.__name__}")
     thread.start()
     return thread
+
+
+def _put(q: queue.Queue, item, halt: threading.Event) -> bool:
+    """Put ``item`` unless the run is halted first (its consumer may be gone
+    and never make room); whether it was put."""
+    while not halt.is_set():
+        try:
+            q.put(item, timeout=_POLL_SECONDS)
+            return True
+        except queue.Full:
+            pass
+    return False
+
+
+def _get(q: queue.Queue, halt: threading.Event):
+    """The next item, or ``_DONE`` once the run is halted."""
+    while not halt.is_set():
+        try:
+            return q.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
+            pass
+    return _DONE
+
+
+def _wait_until_taken(q: queue.Queue, halt: threading.Event) -> None:
+    """Until the consumer has taken (``task_done``) everything put on ``q``,
+    or the run is halted."""
+    with q.all_tasks_done:
+        while q.unfinished_tasks and not halt.is_set():
+            q.all_tasks_done.wait(_POLL_SECONDS)
 
 
 def _record_event(device: torch.device):
@@ -280,7 +316,7 @@ class Engine:
         return audio
 
     def synthesize_all(self, batches: Iterable[list[Job]], depth: int = 2,
-                       stop: threading.Event | None = None
+                       stop: threading.Event | None = None, abort: threading.Event | None = None
                        ) -> Iterator[tuple[list[Job], list[Result] | Exception]]:
         """``synthesize`` over many batches, run ahead on background threads so
         the GPU keeps working while the caller writes files. On CUDA, Tacotron2
@@ -290,26 +326,45 @@ class Engine:
         Yields ``(jobs, results)`` in batch order, where ``results`` is the
         jobs' results or the exception that failed them. A batch that runs out
         of GPU memory is split in halves and retried, down to single jobs, so
-        one batch may come back as several smaller ones; only a job that fails
-        alone comes back with the error. Once ``stop`` is set no new batch
-        starts; batches already started still come out."""
+        one batch may come back as several smaller ones (on CPU a batch also
+        comes back in the slices WaveGlow runs at once); only a job that fails
+        alone comes back with the error.
+
+        The decoder works at most one batch ahead of WaveGlow. Once ``stop``
+        is set no batch enters the decoder, and one that finishes decoding
+        after it is dropped; the batches decoded before it still come out.
+        Once ``abort`` is set, or the caller stops iterating (close the
+        generator: ``contextlib.closing``), nothing more comes out and the
+        work in flight is dropped at its next slice. On every way out the
+        two threads are stopped and joined before this returns."""
         batches = list(batches)
+        # A decoder graph captured while the other thread launches WaveGlow's
+        # work can fail (CUDA forbids some calls from any thread during a
+        # capture), so a capture after this start-up (a shape met only when
+        # a batch is split, or every shape if out of memory here) runs with
+        # the GPU to the decoder alone: WaveGlow's thread holds this lock
+        # while it works.
+        gpu_alone, capture_later = threading.RLock(), False
         if self.graphed is not None:
-            self.graphed.prepare({(len(jobs), max(len(j.ids) for j in jobs)) for jobs in batches})
-        decoded: queue.Queue = queue.Queue(maxsize=depth)
+            try:
+                self.graphed.prepare({(len(jobs), max(len(j.ids) for j in jobs)) for jobs in batches})
+            except torch.cuda.OutOfMemoryError:
+                self._release_memory()
+                capture_later = True
+        stop, abort, halt = stop or threading.Event(), abort or threading.Event(), threading.Event()
+        decoded: queue.Queue = queue.Queue()
         results: queue.Queue = queue.Queue(maxsize=depth)
-        stages = [_start(self._decode_stage, (batches, stop or threading.Event()), decoded),
-                  _start(self._vocode_stage, decoded, results)]
-        while (item := results.get()) is not _DONE:
-            if isinstance(item, _Crash):
-                raise item.error
-            yield item
-        # Both stages are past their last put; wait until their threads are
-        # gone. A daemon thread still tearing down its torch thread state
-        # when the interpreter exits aborted the process ("terminate called
-        # without an active exception", exit status 134) in about 1 run of 15.
-        for thread in stages:
-            thread.join()
+        stages = [_start(self._decode_stage, decoded, halt, batches, stop, gpu_alone, capture_later),
+                  _start(self._vocode_stage, results, halt, decoded, gpu_alone)]
+        try:
+            while (item := _get(results, abort)) is not _DONE:
+                if isinstance(item, _Crash):
+                    raise item.error
+                yield item
+        finally:
+            halt.set()
+            for thread in stages:
+                thread.join()
 
     def _stream(self):
         if self.device.type != "cuda":
@@ -323,94 +378,133 @@ class Engine:
             torch.cuda.empty_cache()
 
     @torch.inference_mode()
-    def _decode_stage(self, work: tuple[list[list[Job]], threading.Event], out: queue.Queue) -> None:
-        batches, stop = work
+    def _decode_stage(self, batches: list[list[Job]], stop: threading.Event, gpu_alone: threading.RLock,
+                      capture_later: bool, out: queue.Queue, halt: threading.Event) -> None:
         with self._stream():
             for jobs in batches:
-                if stop.is_set():
+                # One batch decoded ahead of WaveGlow keeps both busy; more
+                # only lengthens what a stop leaves to finish.
+                _wait_until_taken(out, halt)
+                if stop.is_set() or halt.is_set():
                     break
-                self._decode_split(jobs, out)
-        out.put(_DONE)
+                with gpu_alone if capture_later else contextlib.nullcontext():
+                    self._decode_split(jobs, out, stop, halt, gpu_alone)
+        _put(out, _DONE, halt)
 
-    def _decode_split(self, jobs: list[Job], out: queue.Queue) -> None:
-        """Decode ``jobs``; out of memory, decode each half on its own."""
+    def _decode_split(self, jobs: list[Job], out: queue.Queue, stop: threading.Event,
+                      halt: threading.Event, gpu_alone: threading.RLock) -> None:
+        """Decode ``jobs``; out of memory, decode each half on its own. A
+        batch whose decoding ends after ``stop`` was set is dropped: WaveGlow
+        would take far longer over it than the decoder did."""
         try:
             decoded = self.decode_only(jobs)
             # frames and verdicts read on this stream, not behind WaveGlow's queue
             host = (decoded[1].tolist(), decoded[2].tolist())
         except torch.cuda.OutOfMemoryError as e:
             if len(jobs) == 1:
-                out.put((jobs, e))
+                _put(out, (jobs, e), halt)
                 return
-            self._release_memory()
-            for half in _halves(jobs):
-                self._decode_split(half, out)
+            with gpu_alone:   # the halves' shapes may need graphs captured
+                self._release_memory()
+                for half in _halves(jobs):
+                    if not halt.is_set():
+                        self._decode_split(half, out, stop, halt, gpu_alone)
             return
         except RuntimeError as e:
-            out.put((jobs, e))
+            _put(out, (jobs, e), halt)
             return
-        out.put((jobs, decoded, _record_event(self.device), host))
+        if not stop.is_set():
+            _put(out, (jobs, decoded, _record_event(self.device), host), halt)
 
     @torch.inference_mode()
-    def _vocode_stage(self, decoded: queue.Queue, out: queue.Queue) -> None:
+    def _vocode_stage(self, decoded: queue.Queue, gpu_alone: threading.RLock, out: queue.Queue,
+                      halt: threading.Event) -> None:
         """Vocode each decoded batch, results in batch order. With
         ``overlap_batches`` the next batch's GPU work is queued before the
         previous batch is waited for and handed on, so the stream does not
         idle while this thread turns a finished batch into host arrays."""
         pending = None
         with self._stream():
-            while (item := decoded.get()) is not _DONE:
-                if isinstance(item, _Crash):
-                    self._hand_on(pending, out)
-                    out.put(item)
-                    return
-                jobs, tensors, *rest = item
-                if isinstance(tensors, Exception):
-                    self._hand_on(pending, out)
-                    pending = None
-                    out.put((jobs, tensors))
-                    continue
-                event, host = rest
-                _wait_for(event, tensors, self.device)
-                launched = None
-                if self.overlap_batches:
-                    try:
-                        launched = self._vocode_launch(jobs, *tensors, *host)
-                    except RuntimeError:
-                        pass   # out of memory among them: the halving path below, in order
-                self._hand_on(pending, out)
-                pending = launched
-                if launched is None:
-                    self._vocode_split(jobs, tensors, out)
-            self._hand_on(pending, out)
-        out.put(_DONE)
+            while (item := _get(decoded, halt)) is not _DONE:
+                decoded.task_done()
+                with gpu_alone:
+                    if isinstance(item, _Crash):
+                        self._hand_on(pending, out, halt)
+                        _put(out, item, halt)
+                        return
+                    pending = self._vocode_item(item, pending, out, halt)
+            with gpu_alone:
+                self._hand_on(pending, out, halt)
+        _put(out, _DONE, halt)
 
-    def _hand_on(self, launched: "_Launched | None", out: queue.Queue) -> None:
+    def _vocode_item(self, item, pending: "_Launched | None", out: queue.Queue,
+                     halt: threading.Event) -> "_Launched | None":
+        """One decoded batch (or the error that failed it) through WaveGlow;
+        the batch launched last, whose results are still to be handed on."""
+        jobs, tensors, *rest = item
+        if isinstance(tensors, Exception):
+            self._hand_on(pending, out, halt)
+            _put(out, (jobs, tensors), halt)
+            return None
+        event, host = rest
+        _wait_for(event, tensors, self.device)
+        for part_jobs, part, part_host in self._waveglow_parts(jobs, tensors, host):
+            if halt.is_set():
+                break
+            launched = None
+            if self.overlap_batches:
+                try:
+                    launched = self._vocode_launch(part_jobs, *part, *part_host)
+                except RuntimeError:
+                    pass   # out of memory among them: the halving path below, in order
+            self._hand_on(pending, out, halt)
+            pending = launched
+            if launched is None:
+                self._vocode_split(part_jobs, part, out, halt)
+        return pending
+
+    def _waveglow_parts(self, jobs: list[Job], tensors, host):
+        """A decoded batch as WaveGlow runs it: on CUDA whole; on CPU, where a
+        batch can take WaveGlow minutes, in the slices of whole lines that
+        ``vocode`` would run one after another anyway (same shapes, same
+        audio), each on its own, so that a halted run waits for one slice."""
+        if self.device.type == "cuda":
+            return [(jobs, tensors, host)]
+        mel, frames, truncated = tensors
+        counts, cut = host
+        step = self._items_within_rows(mel.shape[2])
+        return [(jobs[i: i + step], (mel[i: i + step], frames[i: i + step], truncated[i: i + step]),
+                 (counts[i: i + step], cut[i: i + step])) for i in range(0, len(jobs), step)]
+
+    def _hand_on(self, launched: "_Launched | None", out: queue.Queue, halt: threading.Event) -> None:
         """Wait for a launched batch and put its results out (None: nothing)."""
         if launched is None:
             return
         try:
-            out.put((launched.jobs, self._finish(launched)))
+            _put(out, (launched.jobs, self._finish(launched)), halt)
         except RuntimeError as e:
-            out.put((launched.jobs, e))
+            _put(out, (launched.jobs, e), halt)
 
-    def _vocode_split(self, jobs: list[Job], tensors, out: queue.Queue) -> None:
+    def _vocode_split(self, jobs: list[Job], tensors, out: queue.Queue, halt: threading.Event) -> None:
         """Vocode one decoded batch; out of memory, vocode each half on its own
         (each half's mel cut to its own longest line)."""
         try:
-            out.put((jobs, self._vocode_and_finish(jobs, *tensors)))
+            _put(out, (jobs, self._vocode_and_finish(jobs, *tensors)), halt)
         except torch.cuda.OutOfMemoryError as e:
             if len(jobs) == 1:
-                out.put((jobs, e))
+                _put(out, (jobs, e), halt)
                 return
             self._release_memory()
             mel, frames, truncated = tensors
             middle = (len(jobs) + 1) // 2
             for part in (slice(0, middle), slice(middle, len(jobs))):
+                if halt.is_set():
+                    return
                 longest = int(frames[part].max())
-                self._vocode_split(jobs[part], (mel[part, :, :longest], frames[part], truncated[part]), out)
+                self._vocode_split(jobs[part], (mel[part, :, :longest], frames[part], truncated[part]),
+                                   out, halt)
         except RuntimeError as e:
-            out.put((jobs, e))
+            _put(out, (jobs, e), halt)
 
 
 @dataclass

@@ -1,4 +1,5 @@
 """Errors that end a whole run, as one line for the user."""
+import errno
 
 
 class FatalError(Exception):
@@ -8,3 +9,21 @@ class FatalError(Exception):
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type when it has none."""
     return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+# What to do about a write that failed, by its errno.
+_WRITE_ADVICE = {
+    errno.ENOSPC: "free disk space",
+    getattr(errno, "EDQUOT", errno.ENOSPC): "free disk space (or raise your quota)",
+    errno.EACCES: "fix the permissions",
+    errno.EPERM: "fix the permissions",
+    errno.EROFS: "the file system is read-only: remount it writable or choose another -o",
+    errno.EIO: "the disk reported an I/O error: check it, or choose another -o",
+}
+
+
+def cannot_write(where, e: OSError, then: str = "run the same command again to finish") -> str:
+    """One line: the file that could not be written (``e.filename``, else
+    ``where``), why, and what to do."""
+    advice = _WRITE_ADVICE.get(e.errno, "free disk space or fix the permissions")
+    return f"cannot write {e.filename or where}: {e.strerror or first_line(e)}; {advice}, then {then}"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tts_cli import distributed
 from tts_cli.distributed import Group
-from tts_cli.errors import FatalError
+from tts_cli.errors import FatalError, cannot_write
 
 try:
     import fcntl
@@ -70,8 +70,7 @@ def _acquire(out_dir: Path):
         out_dir.mkdir(parents=True, exist_ok=True)
         handle = open(out_dir / LOCK_NAME, "a+", encoding="utf-8")
     except OSError as e:
-        raise FatalError(f"cannot write {e.filename or out_dir}: {e.strerror or e}; "
-                         f"fix the permissions or choose another -o") from None
+        raise FatalError(cannot_write(out_dir, e, then="run it again")) from None
     if fcntl is None:
         return handle
     try:

@@ -2,10 +2,11 @@
 -> WAV (and mel) files -> manifest, one row per corpus line in corpus order."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,15 +18,16 @@ from tqdm import tqdm
 
 from tts_cli import distributed, output_lock, resume
 from tts_cli import text as frontend
-from tts_cli.audio import write_mel, write_wav
+from tts_cli.audio import atomic_write, write_mel, write_wav
 from tts_cli.batching import length_sorted_batches
-from tts_cli.config import Settings
+from tts_cli.config import BATCH_SIZES, Settings
 from tts_cli.corpus import NOTHING_TO_SAY, CorpusError, Utterance, read_corpus
 from tts_cli.distributed import Group, GroupError
 from tts_cli.engine import Engine, Job, Result
-from tts_cli.errors import FatalError, first_line
+from tts_cli.errors import FatalError, cannot_write, first_line
 from tts_cli.manifest import ManifestRow, summarize, write_manifest_lines
 from tts_cli.randomness import line_seed
+from tts_cli.signals import StopOnSignals
 from tts_cli.splitting import split_text
 from tts_cli.voice import make_engine
 
@@ -37,6 +39,10 @@ CHECKPOINT_SECONDS = 2.0
 # (a corpus of millions of lines: the rewrite takes a while and holds the GIL
 # the GPU threads need).
 CHECKPOINT_SHARE = 0.02
+# Under torchrun, the pieces of a cut line that more than one process makes
+# go to the line's writer through files here (removed when the line is
+# written, and by the next run).
+PIECES_DIR = ".pieces"
 
 
 class OutputError(FatalError):
@@ -94,7 +100,8 @@ class _Pending:
 
 def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice=print,
                       engine: Engine | None = None,
-                      frames_per_symbol: float | None = None, group: Group | None = None) -> RunSummary:
+                      frames_per_symbol: float | None = None, group: Group | None = None,
+                      signals: StopOnSignals | None = None) -> RunSummary:
     """Synthesize every line of ``corpus`` into ``out_dir``, reusing the WAVs an
     earlier run left there when their resume key matches. Problems with single
     lines become manifest rows; problems with the whole run raise FatalError;
@@ -107,18 +114,24 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
 
     The benchmark passes its own ``engine`` (random full-size weights) and
     ``frames_per_symbol``, which fixes each line's decode length instead of the
-    stop gate's verdict (random weights never stop on their own)."""
-    try:
-        utterances = read_corpus(corpus, settings.format)
-    except CorpusError as e:
-        raise FatalError(str(e)) from None
-    with output_lock.held(out_dir, group):
-        return _synthesize(settings, utterances, out_dir, on_notice, engine, frames_per_symbol, group)
+    stop gate's verdict (random weights never stop on their own).
+
+    ``signals``: the caller's handlers, already installed (the command
+    installs them before anything else); without them the run installs its
+    own for its duration (signals.py says what each signal does)."""
+    with contextlib.nullcontext(signals) if signals else StopOnSignals() as signals:
+        try:
+            utterances = read_corpus(corpus, settings.format)
+        except CorpusError as e:
+            raise FatalError(str(e)) from None
+        with output_lock.held(out_dir, group):
+            return _synthesize(settings, utterances, out_dir, on_notice, engine, frames_per_symbol,
+                               group, signals)
 
 
 def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice,
                 engine: Engine | None, frames_per_symbol: float | None,
-                group: Group | None) -> RunSummary:
+                group: Group | None, signals: StopOnSignals) -> RunSummary:
     """``synthesize_corpus`` once the corpus is read and the output directory
     is this run's."""
     manifest_path = out_dir / resume.MANIFEST_NAME
@@ -131,30 +144,29 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
     manifest = _Checkpoint(manifest_path, utterances, rows, seed)
-    mine, checkpoint = _my_share(pending, manifest, group)
+    share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), group)
     notices: list[str] = []
-    stop = threading.Event()
-    with _StopOnSignals(stop) as signals:
-        started = time.perf_counter()
-        # An unwritable directory fails before loading models. Under torchrun
-        # only rank 0 removes stale temporary files: on another machine a
-        # live process's pid looks dead.
-        _prepare_output(out_dir, settings, remove_temp_files=group is None or group.rank == 0)
-        if mine and not stop.is_set():   # a signal during the checks: no need to load
-            engine = engine or make_engine(settings, notices)
-        for notice in notices:
-            on_notice(notice)
-        load_seconds = time.perf_counter() - started
-        started = time.perf_counter()
-        try:
-            _take_over_earlier_work(manifest, group)
-            if mine and not stop.is_set():
-                _run_batches(engine, mine, settings, _Writer(settings, out_dir, seed),
-                             checkpoint, frames_per_symbol, stop)
-        finally:
-            checkpoint.save(final=True)
-        if group is not None and not stop.is_set():
-            _merge_unless_stopped(manifest, checkpoint, group, signals)
+    stop = signals.stop
+    started = time.perf_counter()
+    # An unwritable directory fails before loading models. Under torchrun
+    # only rank 0 removes stale temporary files: on another machine a
+    # live process's pid looks dead.
+    _prepare_output(out_dir, settings, remove_temp_files=group is None or group.rank == 0)
+    if share.batches and not stop.is_set():   # a signal during the checks: no need to load
+        engine = engine or make_engine(settings, notices)
+    for notice in notices:
+        on_notice(notice)
+    load_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    writer = _Writer(settings, out_dir, seed)
+    try:
+        _take_over_earlier_work(manifest, group)
+        if share.batches and not stop.is_set():
+            _run_batches(engine, share, settings, writer, checkpoint, frames_per_symbol, signals)
+    finally:
+        checkpoint.save(final=True)
+    if group is not None and not stop.is_set():
+        _finish_unless_stopped(manifest, checkpoint, share, writer, group, signals)
     ordered = manifest.ordered()
     totals = summarize(ordered)
     summary = RunSummary(rows=ordered, counts=totals["counts"], audio_seconds=totals["audio_seconds"],
@@ -168,18 +180,57 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     return summary
 
 
-def _my_share(pending: list[_Pending], manifest: "_Checkpoint",
-              group: Group | None) -> tuple[list[_Pending], "_Checkpoint"]:
-    """The lines this process synthesizes, and where it saves their rows: on
-    its own, every line into the manifest; under torchrun, its share of the
-    lines (balanced by symbols) into its own partial manifest."""
+@dataclass
+class _Share:
+    """What this process makes: its batches of the one plan (each a list of
+    (line, piece number)), in plan order; the lines whose rows it makes; and
+    the lines whose pieces are made by more than one process, which pass
+    their pieces through files in PIECES_DIR."""
+    batches: list[list[tuple[_Pending, int]]]
+    lines: list[_Pending]
+    shared: set[_Pending] = field(default_factory=set)
+
+
+def _batch_size(settings: Settings, identity: dict) -> int:
+    """--batch-size, or the default for the device the run uses."""
+    return settings.batch_size or BATCH_SIZES[identity["device"]]
+
+
+def _batch_plan(pending: list[_Pending], batch_size: int) -> list[list[tuple[_Pending, int]]]:
+    """Every piece left to make, in length-sorted batches: the same plan on
+    one process and on every process of a torchrun job."""
+    work = [(p, i) for p in pending for i in range(len(p.pieces))]
+    return [[work[i] for i in batch]
+            for batch in length_sorted_batches([len(p.pieces[i]) for p, i in work], batch_size)]
+
+
+def _my_share(pending: list[_Pending], manifest: "_Checkpoint", batch_size: int,
+              group: Group | None) -> tuple[_Share, "_Checkpoint"]:
+    """This process's share of the plan and where it saves its rows: on its
+    own, every batch, every row into the manifest. Under torchrun, whole
+    batches of the plan one process would run (balanced by lines x longest
+    piece, what a batch costs), so that every line is made in the batch it
+    would share on one process, and its audio is that process's; each line's
+    row is made by the process that makes its first piece, into its own
+    partial manifest."""
+    batches = _batch_plan(pending, batch_size)
     if group is None:
-        return pending, manifest
-    owners = distributed.share([sum(map(len, p.pieces)) for p in pending], group.world)
-    mine = [p for p, owner in zip(pending, owners) if owner == group.rank]
+        return _Share(batches, pending), manifest
+    costs = [len(batch) * max(len(p.pieces[i]) for p, i in batch) for batch in batches]
+    owners = distributed.share(costs, group.world)
+    makers: dict[_Pending, set[int]] = {}
+    first: dict[_Pending, int] = {}
+    for batch, owner in zip(batches, owners):
+        for p, i in batch:
+            makers.setdefault(p, set()).add(owner)
+            if i == 0:
+                first[p] = owner
+    mine = [p for p in pending if first[p] == group.rank]
+    share = _Share([b for b, owner in zip(batches, owners) if owner == group.rank], mine,
+                   {p for p, ranks in makers.items() if len(ranks) > 1})
     partial = _Checkpoint(manifest.path.parent / group.partial_manifest, manifest.utterances,
                           manifest.rows, manifest.seed, only={p.utterance.line for p in mine})
-    return mine, partial
+    return share, partial
 
 
 def _take_over_earlier_work(manifest: "_Checkpoint", group: Group | None) -> None:
@@ -193,8 +244,31 @@ def _take_over_earlier_work(manifest: "_Checkpoint", group: Group | None) -> Non
     if group is None or group.rank == 0:
         manifest.save(final=True)
         _remove_partial_manifests(manifest.path.parent)
+        shutil.rmtree(manifest.path.parent / PIECES_DIR, ignore_errors=True)
     if group is not None:
         _together(group, distributed.barrier)
+
+
+def _finish_shared_lines(share: _Share, writer: "_Writer", mine: "_Checkpoint", group: Group) -> None:
+    """Once every process has made its batches, each writes the lines it
+    owns whose pieces were made elsewhere too, from the pieces' files."""
+    _together(group, distributed.barrier, saved=mine.path)
+    failure = None
+    for p in share.lines:
+        if p not in share.shared:
+            continue
+        p.results = [writer.read_piece(p, i) for i in range(len(p.pieces))]
+        try:
+            mine.rows[p.utterance.line] = writer.write(p)
+        except OSError as e:
+            failure = e
+            break
+        finally:
+            p.results.clear()
+        writer.remove_pieces(p)
+    mine.save(final=True)
+    if failure is not None:
+        raise OutputError(_output_problem(writer.out_dir, failure))
 
 
 def _merge(manifest: "_Checkpoint", mine: "_Checkpoint", group: Group) -> None:
@@ -208,14 +282,17 @@ def _merge(manifest: "_Checkpoint", mine: "_Checkpoint", group: Group) -> None:
         manifest.rows.update((row.line, row) for row in rows)
     manifest.save(final=True)
     _remove_partial_manifests(manifest.path.parent)
+    with contextlib.suppress(OSError):   # gone already, or pieces of lines that failed
+        (manifest.path.parent / PIECES_DIR).rmdir()
 
 
-def _merge_unless_stopped(manifest: "_Checkpoint", mine: "_Checkpoint", group: Group,
-                          signals: "_StopOnSignals") -> None:
+def _finish_unless_stopped(manifest: "_Checkpoint", mine: "_Checkpoint", share: _Share, writer: "_Writer",
+                           group: Group, signals: StopOnSignals) -> None:
     """A process that finished its share waits for the others here; when
     torchrun stops the job (another process died), the signal ends the wait
     and is reported as the interruption it is: this process's rows are saved."""
     try:
+        _finish_shared_lines(share, writer, mine, group)
         _merge(manifest, mine, group)
     except FatalError:
         if signals.received is None:
@@ -294,8 +371,7 @@ def _alive(pid: int) -> bool:
 
 
 def _output_problem(where: Path, e: OSError) -> str:
-    return (f"cannot write {e.filename or where}: {e.strerror or e}; free disk space or fix "
-            f"the permissions, then run the same command again to finish")
+    return cannot_write(where, e)
 
 
 class _Checkpoint:
@@ -363,35 +439,6 @@ class _Checkpoint:
         self.save_seconds = self.saved_at - now
 
 
-class _StopOnSignals:
-    """SIGINT/SIGTERM set ``stop`` instead of killing the run: no new batch
-    starts, the ones in flight are written, the manifest is saved. A second
-    signal stops at once (KeyboardInterrupt; files are atomic either way).
-    Handlers can only be installed from the main thread; elsewhere (a library
-    caller's worker) nothing changes."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, stop: threading.Event):
-        self.stop, self.received, self.previous = stop, None, {}
-
-    def _handle(self, signum, frame):
-        if self.stop.is_set():
-            raise KeyboardInterrupt
-        self.received = signum
-        self.stop.set()
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-        return False
-
-
 def prepare_line(u: Utterance, run_seed: int, rows: dict[int, ManifestRow],
              settings: Settings) -> _Pending | None:
     """Normalizes (and if long, cuts) one line; lines that cannot be
@@ -432,62 +479,70 @@ def _row(u: Utterance, normalized: str, status: str, reason: str | None,
                        status=status, reason=reason, seed=seed, pieces=0)
 
 
-def _run_batches(engine: Engine, pending: list[_Pending], settings: Settings, writer: "_Writer",
+def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Writer",
                  checkpoint: _Checkpoint, frames_per_symbol: float | None,
-                 stop: threading.Event) -> None:
+                 signals: StopOnSignals) -> None:
     """The GPU runs batches of pieces on its own threads; a line's WAV is
-    written by a small pool once all its pieces are back; the manifest is
-    saved as rows come in. A write that fails for lack of space or
-    permission stops the run (after draining what is in flight)."""
-    for p in pending:
+    written by a small pool once all its pieces are back (a shared line's
+    pieces go to files instead); the manifest is saved as rows come in. A
+    write that fails (no space, permissions, an I/O error) ends the run:
+    the work in flight is dropped, the rows of the lines written are saved."""
+    for p in share.lines:
         checkpoint.pending_normalized[p.utterance.line] = p.normalized
-    work = [(p, i) for p in pending for i in range(len(p.pieces))]
-    batches = [[work[i] for i in batch]
-               for batch in length_sorted_batches([len(p.pieces[i]) for p, i in work], settings.batch_size)]
     owner: dict[int, tuple[_Pending, int]] = {}
     job_batches = []
-    for batch in batches:
+    for batch in share.batches:
         jobs = [_job(p.pieces[i], p.seeds[i], frames_per_symbol, settings) for p, i in batch]
         owner.update((id(job), item) for job, item in zip(jobs, batch))
         job_batches.append(jobs)
     failure: OSError | None = None
-    progress = _Progress(len(pending), settings.quiet)
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, progress:
-        for jobs, results in engine.synthesize_all(job_batches, stop=stop):
-            if failure is not None:
-                continue   # draining the batches in flight after a failed write
-            done = _collect(jobs, results, owner)
-            del results
-            for p, future in [(p, pool.submit(writer.write, p)) for p in done]:
+    progress = _Progress(len(share.lines), settings.quiet)
+    results = engine.synthesize_all(job_batches, stop=signals.stop, abort=signals.abort)
+    # closing: whatever ends this loop, the engine's threads are joined here
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, progress, \
+            contextlib.closing(results):
+        for jobs, made in results:
+            done, handed = _collect(jobs, made, owner, share.shared)
+            del made
+            writes = ([(p, pool.submit(writer.write, p)) for p in done]
+                      + [(None, pool.submit(writer.write_piece, p, i)) for p, i in handed])
+            for p, future in writes:
                 try:
-                    checkpoint.rows[p.utterance.line] = future.result()
+                    row = future.result()
+                    if p is not None:
+                        checkpoint.rows[p.utterance.line] = row
                 except OSError as e:
                     failure = failure or e
-                # Written (or failed): let go of its audio. On CUDA each batch's
-                # audio is one pinned host block; kept to the end of the run,
-                # 2,000 lines held 33 of them and none could be reused.
+            # Written (or failed): let go of the audio. On CUDA each batch's
+            # audio is one pinned host block; kept to the end of the run,
+            # 2,000 lines held 33 of them and none could be reused.
+            for p in done:
                 p.results.clear()
+            for p, i in handed:
+                p.results[i] = None
             progress.update(len(done), sum(checkpoint.rows[p.utterance.line].duration for p in done
                                            if p.utterance.line in checkpoint.rows))
             if failure is not None:
-                stop.set()
-                continue
+                break
             checkpoint.save()
     if failure is not None:
         checkpoint.save(final=True)
         raise OutputError(_output_problem(writer.out_dir, failure))
 
 
-def _collect(jobs: list[Job], results: list[Result] | Exception,
-             owner: dict[int, tuple[_Pending, int]]) -> list[_Pending]:
-    """Hand each piece's result to its line; the lines now complete."""
-    done = []
+def _collect(jobs: list[Job], results: list[Result] | Exception, owner: dict[int, tuple[_Pending, int]],
+             shared: set[_Pending]) -> tuple[list[_Pending], list[tuple[_Pending, int]]]:
+    """Hand each piece's result to its line: the lines now complete, and
+    the pieces of shared lines (to hand on through files)."""
+    done, handed = [], []
     for n, job in enumerate(jobs):
         p, i = owner[id(job)]
         p.results[i] = results if isinstance(results, Exception) else results[n]
-        if p.complete and p not in done:
+        if p in shared:
+            handed.append((p, i))
+        elif p.complete and p not in done:
             done.append(p)
-    return done
+    return done, handed
 
 
 class _Progress:
@@ -534,11 +589,18 @@ class _Writer:
         if not np.isfinite(audio).all():
             return _row(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed)
         wav = f"wavs/{u.id}.wav"
-        clipped = write_wav(self.out_dir / wav, audio, s.sample_rate, s.sample_format)
-        mel = None
-        if s.save_mels:
-            mel = f"mels/{u.id}.npy"
-            write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))
+        mel = f"mels/{u.id}.npy" if s.save_mels else None
+        try:
+            clipped = write_wav(self.out_dir / wav, audio, s.sample_rate, s.sample_format)
+            if mel is not None:
+                write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))
+        except OSError:
+            # No row will vouch for a WAV whose mel failed: nothing of the
+            # line stays (a file left from an earlier run was stale anyway).
+            for name in filter(None, (wav, mel)):
+                with contextlib.suppress(OSError):
+                    (self.out_dir / name).unlink(missing_ok=True)
+            raise
         status, reason = _truncation(p.results, s.max_decoder_steps)
         return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=p.normalized,
                            audio_filepath=wav, duration=audio.shape[0] / s.sample_rate,
@@ -546,6 +608,38 @@ class _Writer:
                            mel_frames=sum(r.frames for r in p.results), status=status,
                            reason=reason, clipped_samples=clipped, seed=self.run_seed,
                            mel_filepath=mel, pieces=len(p.results), key=p.key)
+
+    def _piece_path(self, p: _Pending, i: int) -> Path:
+        return self.out_dir / PIECES_DIR / f"{p.utterance.id}.{i}.npz"
+
+    def write_piece(self, p: _Pending, i: int) -> None:
+        """A shared line's piece, for the process that writes the line."""
+        r = p.results[i]
+        if isinstance(r, Exception):
+            arrays = {"failure": np.array(_failure_reason(r))}
+        else:
+            arrays = {"audio": r.audio, "frames": np.array(r.frames), "truncated": np.array(r.truncated)}
+            if r.mel is not None:
+                arrays["mel"] = r.mel
+        with atomic_write(self._piece_path(p, i)) as temp_path:
+            with open(temp_path, "wb") as piece_file:
+                np.savez(piece_file, **arrays)
+
+    def read_piece(self, p: _Pending, i: int) -> Result | Exception:
+        try:
+            with np.load(self._piece_path(p, i), allow_pickle=False) as arrays:
+                if "failure" in arrays:
+                    return _MadeElsewhere(str(arrays["failure"]))
+                return Result(audio=arrays["audio"], mel=arrays["mel"] if "mel" in arrays else None,
+                              frames=int(arrays["frames"]), truncated=bool(arrays["truncated"]))
+        except (OSError, ValueError, KeyError) as e:
+            return _MadeElsewhere(f"piece {i + 1} made by another process could not be read "
+                                  f"({first_line(e)}); run the same command again")
+
+    def remove_pieces(self, p: _Pending) -> None:
+        for i in range(len(p.pieces)):
+            with contextlib.suppress(OSError):
+                self._piece_path(p, i).unlink()
 
     def _joined(self, pieces: list[np.ndarray]) -> np.ndarray:
         """The pieces' audio with ``piece_pause`` seconds of silence between them."""
@@ -558,7 +652,13 @@ class _Writer:
         return np.concatenate(joined)
 
 
+class _MadeElsewhere(Exception):
+    """A shared line's piece that failed on another process (its reason)."""
+
+
 def _failure_reason(e: Exception) -> str:
+    if isinstance(e, _MadeElsewhere):
+        return str(e)
     if isinstance(e, torch.cuda.OutOfMemoryError):
         return f"out of GPU memory even in a batch of one: {first_line(e)}"
     return f"synthesis failed: {first_line(e)}"

@@ -20,8 +20,11 @@ and the resume keys' fingerprint both ask it, so they never disagree:
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from tts_cli.checkpoints import (CheckpointError, file_digest, load_tacotron2_weights,
                                  load_waveglow_weights)
@@ -147,11 +150,27 @@ def load_models(settings: Settings, voice: Voice | None = None) -> tuple[Tacotro
 
 
 def _build(model_class, state_dict, path: Path):
+    """The model from a file's weights, or one line naming the file: the
+    file is the user's, so whatever it makes fail is the file's fault. The
+    sizes are read off the tensors, so the model is first built on the meta
+    device, where nothing is allocated: a file whose tensors disagree must
+    not get a model sized by its largest one before load_state_dict says so."""
     try:
-        return model_class.from_state_dict(state_dict)
-    except (KeyError, ValueError, RuntimeError, IndexError) as e:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # copying into meta tensors is a no-op, and says so
+            model_class.from_state_dict(state_dict)
+        model = model_class.from_state_dict(state_dict)
+    except Exception as e:  # noqa: BLE001 - see above
         raise FatalError(f"{path}: the weights do not form a {model_class.__name__} "
-                         f"({first_line(e)})") from None
+                         f"({type(e).__name__}: {first_line(e)})") from None
+    if isinstance(model, WaveGlow):
+        for k, conv in enumerate(model.convinv):
+            try:
+                conv.inverse_weight()
+            except torch.linalg.LinAlgError:
+                raise FatalError(f"{path}: WaveGlow's 1x1 convolution convinv.{k} is not invertible, so "
+                                 f"no audio can be made with it; the file is damaged: download it again") from None
+    return model
 
 
 def make_engine(settings: Settings, notices: list[str]) -> Engine:
@@ -166,18 +185,60 @@ def make_engine(settings: Settings, notices: list[str]) -> Engine:
     if voice.notice:
         notices.append(voice.notice)
     tacotron2, waveglow = load_models(settings, voice)
-    engine = Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, voice))
+    engine = Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, voice, device))
     notices.extend(engine.notices)
     return engine
 
 
-def synthesis_settings(s: Settings, voice: Voice | None = None) -> SynthesisSettings:
+def synthesis_settings(s: Settings, voice: Voice | None = None,
+                       device: torch.device | None = None) -> SynthesisSettings:
     """The engine's share of the run's settings; ``voice`` (default: models
-    in NVIDIA's published shapes) fills what the run leaves unset."""
+    in NVIDIA's published shapes) and ``device`` (default: the run's) fill
+    what the run leaves unset."""
     decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
                             prenet_dropout=s.prenet_dropout)
+    memory = s.waveglow_memory_gib or waveglow_memory_gib(device or resolve_device(s.device))
     return SynthesisSettings(sigma=s.sigma, denoiser_strength=denoiser_strength(s, voice), decode=decode,
-                             waveglow_memory_gib=s.waveglow_memory_gib, return_mels=s.save_mels)
+                             waveglow_memory_gib=memory, return_mels=s.save_mels)
+
+
+# WaveGlow's memory when the run sets none: (share of what the device has
+# free, at most this many GiB). CUDA: half the free device memory, at most
+# the 15 GiB that the H200 measurements ran with (about a million rows in
+# fp16; its fused path then took 7.4 GiB). CPU: a sixteenth of the
+# available RAM, at most 1/4 GiB: the budget was host RAM there, and 15 GiB
+# of it took 14.6 GB for 100 lines of the demo voice; smaller slices also run
+# faster on a CPU (2 cores, demo voice, fp32, 32 long lines: 27.8x real time
+# in slices of 1/8 GiB, 14.6x in 1/2 GiB, 8.1x in 2 GiB).
+WAVEGLOW_MEMORY_SHARE = {"cuda": (1 / 2, 15.0), "cpu": (1 / 16, 0.25)}
+
+
+def waveglow_memory_gib(device: torch.device) -> float:
+    """WaveGlow's default budget on ``device``, in GiB (WAVEGLOW_MEMORY_SHARE)."""
+    share, most = WAVEGLOW_MEMORY_SHARE[device.type]
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_ram()
+    return min(share * free / 2 ** 30, most) if free is not None else most
+
+
+def available_ram(root: Path = Path("/")) -> int | None:
+    """Bytes of RAM this process can still take: the kernel's MemAvailable,
+    or less where a cgroup (a container's memory limit) leaves less; None
+    where neither can be read (not Linux)."""
+    found = []
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    cgroup = root / "sys/fs/cgroup"
+    for limit, usage in (("memory.max", "memory.current"),     # cgroup v2
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):   # v1
+        try:
+            found.append(max(int((cgroup / limit).read_text()) - int((cgroup / usage).read_text()), 0))
+        except (OSError, ValueError):   # no such file, or "max": no limit
+            pass
+    return min(found) if found else None
 
 
 def denoiser_strength(settings: Settings, voice: Voice | None) -> float:
