@@ -131,7 +131,9 @@ def test_dimensions_that_would_need_far_more_memory_than_the_file_are_refused_be
         real_init(self, dims)
     monkeypatch.setattr(WaveGlow, "__init__", watched_init)
     assert loads_or_refuses(tiny_checkpoints[0], path) is None
-    assert built and set(built) == {"meta"}
+    # refused by the dimensions' own check (no model built at all) or by a
+    # model sized on the meta device: never a model with real memory
+    assert set(built) <= {"meta"}
 
 
 PAYLOADS = ["os system", "posix system", "builtins exec", "builtins eval", "builtins open",
