@@ -10,9 +10,9 @@ sends SIGINT and measures the time to the process's exit. Prints one line.
     python scripts/measure_exit.py --no-signal           # a whole run: its wall time and peak memory
 
 ``--voice published`` writes full-size Tacotron2 and WaveGlow checkpoints
-with random weights (no download); their stop gate never fires, so every
-line is ``--max-decoder-steps`` frames long (600, about 7 s: LJSpeech's
-lines average 6.6 s). Peak GPU memory is read from nvidia-smi, where there
+with random weights (no download), the stop gate made never to fire, so
+every line is ``--max-decoder-steps`` frames long (600, about 7 s: LJSpeech's
+lines average 6.6 s) and marked truncated. Peak GPU memory is read from nvidia-smi, where there
 is one (the process's whole use, CUDA context included).
 """
 from __future__ import annotations
@@ -43,6 +43,9 @@ def published_checkpoints(folder: Path) -> list[str]:
     for conv in waveglow.convinv:   # random rotations, invertible, as WaveGlow initialises them
         c = conv.conv.weight.shape[0]
         conv.conv.weight.data = torch.linalg.qr(torch.randn(c, c))[0][:, :, None]
+    gate = tacotron2.decoder.gate_layer.linear_layer   # never stops: every line is --max-decoder-steps long
+    gate.weight.data.zero_()
+    gate.bias.data.fill_(-10.0)
     paths = [folder / "tacotron2.pt", folder / "waveglow.pt"]
     for model, path in zip((tacotron2, waveglow), paths):
         torch.save(model.state_dict(), path)

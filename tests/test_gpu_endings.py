@@ -109,8 +109,9 @@ def corpus(folder: Path, lines: int) -> Path:
 
 
 def tts_batch(args, **env):
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])   # keeps packages carried there
     return subprocess.Popen([sys.executable, "-m", "tts_cli", *map(str, args)],
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                            env={**os.environ, "PYTHONPATH": path, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
