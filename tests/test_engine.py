@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tts_cli import engine as engine_module
 from tts_cli.engine import Engine, Job, SynthesisSettings, resolve_device, resolve_precision
 from tts_cli.tacotron2 import DecodeSettings
 from tiny_models import HOP, tiny_tacotron2, tiny_waveglow
@@ -127,62 +128,42 @@ def short_batches(count, size=2):
             for b in range(count)]
 
 
-def test_a_batch_still_in_the_decoder_when_the_signal_comes_is_not_vocoded(monkeypatch):
-    # Ctrl-C while batch 1 decodes and batch 0 is in WaveGlow: batch 0 (decoded
-    # before the signal) is still written; batch 1 would cost WaveGlow far
-    # more time than the decoder spent on it, so it is dropped, and nothing
-    # after it is decoded.
+@pytest.mark.parametrize("when", ["while batch 1 decodes", "once batch 1 is decoded"])
+def test_after_the_signal_no_batch_enters_the_decoder_and_what_was_decoded_is_written(monkeypatch, when):
+    # Ctrl-C while WaveGlow works on batch 0. Batch 1, if decoded before the
+    # signal, still comes out; if still in the decoder, it is dropped (WaveGlow
+    # would take far longer over it than the decoder did). Batch 2 never enters
+    # the decoder, which works at most one batch ahead of WaveGlow.
     engine, stop, signalled = make_engine(), threading.Event(), threading.Event()
-    decoded, vocoded = [], []
-    decode, vocode = Engine.decode_only, Engine._vocode
+    decoded, vocoded, waits = [], [], []
+    decode, vocode, wait_until_taken = Engine.decode_only, Engine._vocode, engine_module._wait_until_taken
 
     def decoding(self, jobs):
         decoded.append(jobs)
-        if len(decoded) == 2:
+        if len(decoded) == 2 and when == "while batch 1 decodes":
             stop.set()
             signalled.set()
         return decode(self, jobs)
 
+    def waiting(out, halt):   # the decoder, before each batch: the one before was put
+        waits.append(1)
+        if len(waits) == 3 and when == "once batch 1 is decoded":
+            signalled.set()
+        wait_until_taken(out, halt)
+
     def vocoding(self, mel, *rest):
-        signalled.wait(timeout=30)
+        assert signalled.wait(timeout=30)
+        stop.set()
         vocoded.append(mel.shape[0])
         return vocode(self, mel, *rest)
 
     monkeypatch.setattr(Engine, "decode_only", decoding)
+    monkeypatch.setattr(engine_module, "_wait_until_taken", waiting)
     monkeypatch.setattr(Engine, "_vocode", vocoding)
     batches = short_batches(6)
     out = list(engine.synthesize_all(batches, stop=stop))
-    assert [jobs for jobs, _ in out] == batches[:1]
-    assert decoded == batches[:2] and vocoded == [2]
-    assert not engine_threads()
-
-
-def test_after_the_signal_the_decoder_takes_no_new_batch_and_what_it_decoded_is_written(monkeypatch):
-    # Batch 1 is decoded while WaveGlow works on batch 0; the signal comes
-    # then. Both come out; batch 2 never enters the decoder, which works at
-    # most one batch ahead of WaveGlow.
-    engine, stop, second_decoded = make_engine(), threading.Event(), threading.Event()
-    decoded = []
-    decode, vocode = Engine.decode_only, Engine._vocode
-
-    def decoding(self, jobs):
-        decoded.append(jobs)
-        result = decode(self, jobs)
-        if len(decoded) == 2:
-            second_decoded.set()
-        return result
-
-    def vocoding(self, mel, *rest):
-        if not stop.is_set():
-            assert second_decoded.wait(timeout=30)
-            stop.set()
-        return vocode(self, mel, *rest)
-
-    monkeypatch.setattr(Engine, "decode_only", decoding)
-    monkeypatch.setattr(Engine, "_vocode", vocoding)
-    batches = short_batches(6)
-    out = list(engine.synthesize_all(batches, stop=stop))
-    assert [jobs for jobs, _ in out] == batches[:2]
+    written = 2 if when == "once batch 1 is decoded" else 1
+    assert [jobs for jobs, _ in out] == batches[:written] and vocoded == [2] * written
     assert decoded == batches[:2]
     assert not engine_threads()
 

@@ -274,19 +274,24 @@ def test_a_failed_write_ends_in_one_line_keeps_every_written_row_and_no_partial_
     assert again.exit_code == 0 and "2 reused" in again.output
 
 
-def test_a_failed_write_leaves_no_engine_thread_running(tmp_path, tiny_checkpoints, monkeypatch):
-    # The run-ending error used to leave the engine's threads running when the
-    # manifest could not be saved, and the process aborted after the line.
+def manifest_fills_the_disk(monkeypatch):
+    """Every save of the manifest after the first fails: no space left."""
     from tts_cli import pipeline
-    saves = []
+    saves, real_write_manifest_lines = [], pipeline.write_manifest_lines
 
     def full_after_first(path, lines):
         if saves:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         saves.append(path)
         real_write_manifest_lines(path, lines)
-    real_write_manifest_lines = pipeline.write_manifest_lines
     monkeypatch.setattr(pipeline, "write_manifest_lines", full_after_first)
+
+
+def test_a_failed_write_leaves_no_engine_thread_running(tmp_path, tiny_checkpoints, monkeypatch):
+    # The run-ending error used to leave the engine's threads running when the
+    # manifest could not be saved, and the process aborted after the line.
+    from tts_cli import pipeline
+    manifest_fills_the_disk(monkeypatch)
     monkeypatch.setattr(pipeline, "CHECKPOINT_SECONDS", 0.0)
     result = synth(write(tmp_path, LINES * 3), tmp_path / "out", tiny_checkpoints, "--quiet")
     assert result.exit_code == 2 and "No space left on device" in result.output
@@ -295,18 +300,9 @@ def test_a_failed_write_leaves_no_engine_thread_running(tmp_path, tiny_checkpoin
 
 def test_a_manifest_that_cannot_be_saved_keeps_the_last_one_and_says_so(tmp_path, tiny_checkpoints,
                                                                           monkeypatch):
-    from tts_cli import pipeline
     corpus = write(tmp_path, LINES)
     out = tmp_path / "out"
-    saves = []
-
-    def full_after_first(path, lines):
-        if saves:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        saves.append(path)
-        real_write_manifest_lines(path, lines)
-    real_write_manifest_lines = pipeline.write_manifest_lines
-    monkeypatch.setattr(pipeline, "write_manifest_lines", full_after_first)
+    manifest_fills_the_disk(monkeypatch)
     result = synth(corpus, out, tiny_checkpoints, "--quiet")
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert "manifest.jsonl" in result.output and "No space left on device" in result.output

@@ -25,7 +25,7 @@ PRECISION_NAMES = ("fp32", "fp16", "bf16")
 # fastest on an H200 (BENCHMARKS.md). CPU: a batch is what a Ctrl-C waits
 # for (signals.py), and 100 lines of the demo voice on 2 cores ran as fast in
 # batches of 16 as of 32 (47-65 s against 50-56 s, three runs each on a shared
-# machine; 66 s in batches of 128), ending 6 s after a Ctrl-C against 12 s.
+# machine; 66 s in batches of 128), ending 6-13 s after a Ctrl-C against 12-13 s.
 BATCH_SIZES = {"cuda": 128, "cpu": 16}
 
 
