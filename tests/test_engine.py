@@ -197,3 +197,34 @@ def test_every_way_out_of_a_run_stops_and_joins_the_engines_threads(monkeypatch,
         run.close()   # what contextlib.closing does for the pipeline
     assert received == batches[: 2 if how == "stage fails" else 1]
     assert not engine_threads()
+
+
+@pytest.mark.parametrize("stage", ["decode_only", "_vocode_and_finish"])
+def test_an_out_of_memory_attempt_lets_go_of_its_tensors_before_the_halves_are_tried(monkeypatch, stage):
+    # A failed attempt's frames hold its activations (on a GPU, the memory
+    # the halves need): if the retry ran while the error (and its traceback)
+    # was alive, every half failed too, down to single lines. Here each
+    # attempt makes a tensor and fails; when the next attempt starts, and
+    # while the errors of lines that failed alone are held, none is alive.
+    import weakref
+    engine = make_engine()
+    made, alive_at_retry = [], []
+    original = getattr(Engine, stage)
+
+    def failing(self, jobs, *args):
+        alive_at_retry.append(sum(ref() is not None for ref in made))
+        activations = torch.empty(1000)                   # what a frame of the attempt holds
+        made.append(weakref.ref(activations))
+        if len(jobs) > 1 or jobs[0].seed == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(self, jobs, *args)
+
+    monkeypatch.setattr(Engine, stage, failing)
+    monkeypatch.setattr(engine, "overlap_batches", False)
+    batch = [Job([20 + i, 31, 40], seed=i, frames=4) for i in range(4)]
+    out = list(engine.synthesize_all([batch]))
+    assert sorted(j.seed for jobs, _ in out for j in jobs) == [0, 1, 2, 3]
+    errors = [(jobs, r) for jobs, r in out if isinstance(r, Exception)]
+    assert [[j.seed for j in jobs] for jobs, _ in errors] == [[2]]
+    assert alive_at_retry == [0] * len(alive_at_retry) and len(alive_at_retry) == 7   # 4, 2, 2, 1, 1, 1, 1
+    assert errors[0][1].__traceback__ is None and not any(ref() is not None for ref in made)

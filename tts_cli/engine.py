@@ -401,20 +401,23 @@ class Engine:
             # frames and verdicts read on this stream, not behind WaveGlow's queue
             host = (decoded[1].tolist(), decoded[2].tolist())
         except torch.cuda.OutOfMemoryError as e:
-            if len(jobs) == 1:
-                _put(out, (jobs, e), halt)
-                return
-            with gpu_alone:   # the halves' shapes may need graphs captured
-                self._release_memory()
-                for half in _halves(jobs):
-                    if not halt.is_set():
-                        self._decode_split(half, out, stop, halt, gpu_alone)
-            return
+            error = _detached(e)
         except RuntimeError as e:
-            _put(out, (jobs, e), halt)
+            _put(out, (jobs, _detached(e)), halt)
             return
-        if not stop.is_set():
-            _put(out, (jobs, decoded, _record_event(self.device), host), halt)
+        else:
+            if not stop.is_set():
+                _put(out, (jobs, decoded, _record_event(self.device), host), halt)
+            return
+        # out of memory: retried outside the except clause, as _vocode_split does
+        if len(jobs) == 1:
+            _put(out, (jobs, error), halt)
+            return
+        with gpu_alone:   # the halves' shapes may need graphs captured
+            self._release_memory()
+            for half in _halves(jobs):
+                if not halt.is_set():
+                    self._decode_split(half, out, stop, halt, gpu_alone)
 
     @torch.inference_mode()
     def _vocode_stage(self, decoded: queue.Queue, gpu_alone: threading.RLock, out: queue.Queue,
@@ -483,28 +486,32 @@ class Engine:
         try:
             _put(out, (launched.jobs, self._finish(launched)), halt)
         except RuntimeError as e:
-            _put(out, (launched.jobs, e), halt)
+            _put(out, (launched.jobs, _detached(e)), halt)
 
     def _vocode_split(self, jobs: list[Job], tensors, out: queue.Queue, halt: threading.Event) -> None:
         """Vocode one decoded batch; out of memory, vocode each half on its own
         (each half's mel cut to its own longest line)."""
         try:
             _put(out, (jobs, self._vocode_and_finish(jobs, *tensors)), halt)
+            return
         except torch.cuda.OutOfMemoryError as e:
-            if len(jobs) == 1:
-                _put(out, (jobs, e), halt)
-                return
-            self._release_memory()
-            mel, frames, truncated = tensors
-            middle = (len(jobs) + 1) // 2
-            for part in (slice(0, middle), slice(middle, len(jobs))):
-                if halt.is_set():
-                    return
-                longest = int(frames[part].max())
-                self._vocode_split(jobs[part], (mel[part, :, :longest], frames[part], truncated[part]),
-                                   out, halt)
+            error = _detached(e)
         except RuntimeError as e:
-            _put(out, (jobs, e), halt)
+            _put(out, (jobs, _detached(e)), halt)
+            return
+        # Retried here, outside the except clause, where the failed attempt's
+        # frames and the activations they held are gone.
+        if len(jobs) == 1:
+            _put(out, (jobs, error), halt)
+            return
+        self._release_memory()
+        mel, frames, truncated = tensors
+        middle = (len(jobs) + 1) // 2
+        for part in (slice(0, middle), slice(middle, len(jobs))):
+            if halt.is_set():
+                return
+            longest = int(frames[part].max())
+            self._vocode_split(jobs[part], (mel[part, :, :longest], frames[part], truncated[part]), out, halt)
 
 
 @dataclass
@@ -527,6 +534,16 @@ def _to_host(tensor: torch.Tensor, asynchronous: bool) -> torch.Tensor:
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     host.copy_(tensor, non_blocking=True)
     return host
+
+
+def _detached(error: Exception) -> Exception:
+    """``error`` without its traceback and context: their frames hold the
+    failed attempt's tensors, GPU memory included, for as long as the error
+    is kept (a retry inside the except clause, or a line's error handed on),
+    and out of memory the retries then fail too."""
+    error.__traceback__ = None
+    error.__context__ = None
+    return error
 
 
 def _halves(jobs: list[Job]) -> list[list[Job]]:
