@@ -9,7 +9,7 @@ import torch
 from tts_cli.batching import pad_sequences
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.kernels import decoder as kernels
-from tts_cli.tacotron2 import PUBLISHED_DIMS, DecodeSettings, Decoder, decode
+from tts_cli.tacotron2 import DecodeSettings, decode
 from tiny_models import tiny_tacotron2
 
 

@@ -90,23 +90,6 @@ def waveglow_kernel_errors(dtype_name: str) -> dict:
     return errors
 
 
-def _waveglow(seed: int, **dims):
-    """A random WaveGlow of tests/tiny_models.py's shape changed by ``dims``,
-    1x1 convolutions random rotations, float32, eval mode."""
-    import dataclasses
-    import torch
-    from tts_cli.waveglow import WaveGlow
-    from tiny_models import WAVEGLOW_DIMS
-    torch.manual_seed(seed)
-    model = WaveGlow(dataclasses.replace(WAVEGLOW_DIMS, **dims))
-    for p in model.parameters():
-        p.data.normal_(0.0, 0.05)
-    for conv in model.convinv:
-        q, _ = torch.linalg.qr(torch.randn(conv.conv.weight.shape[0], conv.conv.weight.shape[0]))
-        conv.conv.weight.data = q[:, :, None]
-    return model.eval()
-
-
 INVERSE_SHAPES = {   # the kernels' width multiple (64) exactly, and narrower ones padded to it
     "wn_channels 64, 3 layers": {"wn_channels": 64, "wn_layers": 3},
     "wn_channels 8": {},
@@ -123,12 +106,13 @@ def waveglow_inverse_errors(dtype_name: str) -> dict:
     import torch
     from tts_cli.kernels import waveglow as wk
     from tts_cli.waveglow_fast import FastWaveGlow
+    from tiny_models import random_waveglow
     dtype = getattr(torch, dtype_name)
     # the interpreter runs one program at a time: the fewest, largest tiles
     wk._FIXED_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
     result = {}
     for name, shape in INVERSE_SHAPES.items():
-        model = _waveglow(seed=4, **shape)
+        model = random_waveglow(seed=4, **shape)
         frames = torch.tensor([5, 8, 2])
         mel = torch.randn(3, model.dims.n_mel, 8) * (torch.arange(8)[None, None, :] < frames[:, None, None])
         seeds = torch.tensor([5, 6, 7])

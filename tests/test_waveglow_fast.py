@@ -9,20 +9,7 @@ import torch
 from tts_cli.kernels import waveglow as wg_kernels
 from tts_cli.waveglow import WaveGlow
 from tts_cli.waveglow_fast import FastWaveGlow, shifted_taps, supports
-from tiny_models import N_MEL, WAVEGLOW_DIMS
-
-
-def random_waveglow(seed: int = 0, **dims) -> WaveGlow:
-    """A random WaveGlow of WAVEGLOW_DIMS changed by ``dims``, 1x1
-    convolutions random rotations, ``end`` layers non-zero."""
-    torch.manual_seed(seed)
-    model = WaveGlow(dataclasses.replace(WAVEGLOW_DIMS, **dims))
-    for p in model.parameters():
-        p.data.normal_(0.0, 0.05)
-    for conv in model.convinv:
-        q, _ = torch.linalg.qr(torch.randn(conv.conv.weight.shape[0], conv.conv.weight.shape[0]))
-        conv.conv.weight.data = q[:, :, None]
-    return model.eval()
+from tiny_models import N_MEL, WAVEGLOW_DIMS, random_waveglow
 
 
 def padded_batch(frames: list[int], n_mel: int = N_MEL, seed: int = 0):

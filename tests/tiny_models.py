@@ -2,6 +2,8 @@
 (small widths), built by the tests themselves: no downloads."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from tts_cli.tacotron2 import Tacotron2, Tacotron2Dims
@@ -47,6 +49,20 @@ def tiny_waveglow(seed: int = 0) -> WaveGlow:
         q, _ = torch.linalg.qr(torch.randn(conv.conv.weight.shape[0], conv.conv.weight.shape[0]))
         conv.conv.weight.data = q[:, :, None]
     model.upsample.weight.data.mul_(0.1)
+    return model.eval()
+
+
+def random_waveglow(seed: int = 0, **dims) -> WaveGlow:
+    """A random WaveGlow of WAVEGLOW_DIMS changed by ``dims`` (any shape the
+    loader accepts), 1x1 convolutions random rotations, ``end`` layers
+    non-zero, float32, eval mode."""
+    torch.manual_seed(seed)
+    model = WaveGlow(dataclasses.replace(WAVEGLOW_DIMS, **dims))
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.05)
+    for conv in model.convinv:
+        q, _ = torch.linalg.qr(torch.randn(conv.conv.weight.shape[0], conv.conv.weight.shape[0]))
+        conv.conv.weight.data = q[:, :, None]
     return model.eval()
 
 
