@@ -31,3 +31,15 @@ def test_padding_keeps_each_line_s_ids_and_records_its_length():
     assert lengths.tolist() == [3, 1, 2]
     ids, _ = pad_sequences([[20], [21, 22]], pad=9)
     assert ids.tolist() == [[20, 9], [21, 22]]
+
+
+def test_planning_a_run_needs_no_torch():
+    # Planning (normalizing, cutting, seeding, batching the lines) runs before
+    # the models load; importing torch there costs seconds on every run,
+    # even one that only reports a bad corpus or has nothing left to do.
+    import subprocess
+    import sys
+    code = "import sys, tts_cli.planning, tts_cli.journal; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -126,11 +126,11 @@ def makers(lines, world, batch_size=2, max_symbols=60):
     out the batches of the one-process plan."""
     from tts_cli.config import Settings
     from tts_cli.corpus import Utterance
-    from tts_cli.pipeline import _batch_plan, prepare_line
+    from tts_cli.planning import batch_plan, prepare_line
     settings = Settings(max_symbols_per_piece=max_symbols)
     pending = [prepare_line(Utterance(line=n, id=f"{n:06d}", text=t), 1, {}, settings)
                for n, t in enumerate(lines, start=1)]
-    batches = _batch_plan([p for p in pending if p is not None], batch_size)
+    batches = batch_plan([p for p in pending if p is not None], batch_size)
     found = {}
     for batch, owner in zip(batches, share([len(b) * max(len(p.pieces[i]) for p, i in b) for b in batches],
                                            world)):

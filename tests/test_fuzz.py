@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from test_corpus import _CORPUS_BYTES, physical_line_count
 from tts_cli.config import Settings
 from tts_cli.corpus import FORMATS, CorpusError, read_corpus
-from tts_cli.pipeline import prepare_line
+from tts_cli.planning import prepare_line
 from tts_cli.text import SYMBOLS, UnsupportedTextError, is_speakable, normalize
 
 # Pieces that reach the number, currency, abbreviation and ARPAbet rules,

@@ -227,9 +227,9 @@ def test_summarize_rejects_a_row_with_an_unknown_status():
 
 def _checkpoint(tmp_path, lines):
     from tts_cli.corpus import Utterance
-    from tts_cli.pipeline import _Checkpoint
+    from tts_cli.journal import ManifestJournal
     utterances = [Utterance(line=i, id=f"u{i}", text=f"line {i}") for i in range(1, lines + 1)]
-    return _Checkpoint(tmp_path / "manifest.jsonl", utterances, {}, seed=3), utterances
+    return ManifestJournal(tmp_path / "manifest.jsonl", utterances, {}, seed=3), utterances
 
 
 def test_rewriting_the_manifest_serializes_each_row_once(tmp_path, monkeypatch):
@@ -252,19 +252,19 @@ def test_rewriting_the_manifest_serializes_each_row_once(tmp_path, monkeypatch):
 
 
 def test_a_slow_manifest_rewrite_is_done_less_often(tmp_path, monkeypatch):
-    from tts_cli import pipeline
+    from tts_cli import journal
     checkpoint, _ = _checkpoint(tmp_path, 3)
     checkpoint.save(final=True)
     writes = []
-    monkeypatch.setattr(pipeline, "write_manifest_lines", lambda path, lines: writes.append(path))
-    checkpoint.saved_at -= pipeline.CHECKPOINT_SECONDS + 1      # the last write is old enough ...
+    monkeypatch.setattr(journal, "write_manifest_lines", lambda path, lines: writes.append(path))
+    checkpoint.saved_at -= journal.CHECKPOINT_SECONDS + 1      # the last write is old enough ...
     checkpoint.save()
     assert len(writes) == 1
     checkpoint.save_seconds = 1.0                                # ... unless writing takes 1 s:
-    checkpoint.saved_at -= pipeline.CHECKPOINT_SECONDS + 1      # then wait 1 / CHECKPOINT_SHARE s
+    checkpoint.saved_at -= journal.CHECKPOINT_SECONDS + 1      # then wait 1 / CHECKPOINT_SHARE s
     checkpoint.save()
     assert len(writes) == 1
-    checkpoint.saved_at -= 1.0 / pipeline.CHECKPOINT_SHARE
+    checkpoint.saved_at -= 1.0 / journal.CHECKPOINT_SHARE
     checkpoint.save()
     assert len(writes) == 2
     checkpoint.save_seconds = 1.0

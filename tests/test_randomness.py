@@ -2,6 +2,7 @@
 import torch
 
 from tts_cli import randomness
+from tts_cli.planning import line_seed
 
 
 def test_uniforms_depend_only_on_their_own_key():
@@ -29,5 +30,5 @@ def test_normals_look_standard_and_do_not_depend_on_length():
 
 
 def test_line_seed_depends_on_run_seed_and_id():
-    assert randomness.line_seed(1, "a") == randomness.line_seed(1, "a")
-    assert len({randomness.line_seed(s, i) for s in (1, 2) for i in ("a", "b")}) == 4
+    assert line_seed(1, "a") == line_seed(1, "a")
+    assert len({line_seed(s, i) for s in (1, 2) for i in ("a", "b")}) == 4

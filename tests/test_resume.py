@@ -276,23 +276,23 @@ def test_a_failed_write_ends_in_one_line_keeps_every_written_row_and_no_partial_
 
 def manifest_fills_the_disk(monkeypatch):
     """Every save of the manifest after the first fails: no space left."""
-    from tts_cli import pipeline
-    saves, real_write_manifest_lines = [], pipeline.write_manifest_lines
+    from tts_cli import journal
+    saves, real_write_manifest_lines = [], journal.write_manifest_lines
 
     def full_after_first(path, lines):
         if saves:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         saves.append(path)
         real_write_manifest_lines(path, lines)
-    monkeypatch.setattr(pipeline, "write_manifest_lines", full_after_first)
+    monkeypatch.setattr(journal, "write_manifest_lines", full_after_first)
 
 
 def test_a_failed_write_leaves_no_engine_thread_running(tmp_path, tiny_checkpoints, monkeypatch):
     # The run-ending error used to leave the engine's threads running when the
     # manifest could not be saved, and the process aborted after the line.
-    from tts_cli import pipeline
+    from tts_cli import journal
     manifest_fills_the_disk(monkeypatch)
-    monkeypatch.setattr(pipeline, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 0.0)
     result = synth(write(tmp_path, LINES * 3), tmp_path / "out", tiny_checkpoints, "--quiet")
     assert result.exit_code == 2 and "No space left on device" in result.output
     assert not [t for t in threading.enumerate() if t.name.startswith("tts-") and t.is_alive()]

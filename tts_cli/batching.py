@@ -7,9 +7,11 @@ in corpus order whatever order the batches ran in.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -23,8 +25,9 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad: int = 0,
-                  device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+                  device: "torch.device | str" = "cpu") -> tuple[Tensor, Tensor]:
     """(B, T) int64 ids padded with ``pad`` and (B,) int64 lengths."""
+    import torch   # here, not at the top: planning sorts lines without torch
     lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
     ids = torch.full((len(seqs), int(lengths.max())), pad, dtype=torch.long)
     for row, seq in enumerate(seqs):

@@ -6,6 +6,11 @@ class FatalError(Exception):
     """Stops the run; the message is one line."""
 
 
+class OutputError(FatalError):
+    """The output directory could not be written (full disk, permissions).
+    Raised after the manifest rows of everything already written were saved."""
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type when it has none."""
     return str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -17,37 +17,22 @@ import torch
 from tqdm import tqdm
 
 from tts_cli import distributed, output_lock, resume
-from tts_cli import text as frontend
 from tts_cli.audio import atomic_write, write_mel, write_wav
-from tts_cli.batching import length_sorted_batches
 from tts_cli.config import BATCH_SIZES, Settings
-from tts_cli.corpus import NOTHING_TO_SAY, CorpusError, Utterance, read_corpus
+from tts_cli.corpus import CorpusError, Utterance, read_corpus
 from tts_cli.distributed import Group, GroupError
 from tts_cli.engine import Engine, Job, Result
-from tts_cli.errors import FatalError, cannot_write, first_line
-from tts_cli.manifest import ManifestRow, summarize, write_manifest_lines
-from tts_cli.randomness import line_seed
+from tts_cli.errors import FatalError, OutputError, cannot_write, first_line
+from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_audio
+from tts_cli.journal import ManifestJournal
+from tts_cli.manifest import ManifestRow, summarize
 from tts_cli.signals import StopOnSignals
-from tts_cli.splitting import split_text
 from tts_cli.voice import make_engine
 
-# The manifest is rewritten at most this often during a run (and always at the
-# end): a SIGKILL loses at most this much finished work, and a corpus of many
-# small batches does not rewrite a large manifest after every one.
-CHECKPOINT_SECONDS = 2.0
-# ... and never more often than to spend this share of the run rewriting it
-# (a corpus of millions of lines: the rewrite takes a while and holds the GIL
-# the GPU threads need).
-CHECKPOINT_SHARE = 0.02
 # Under torchrun, the pieces of a cut line that more than one process makes
 # go to the line's writer through files here (removed when the line is
 # written, and by the next run).
 PIECES_DIR = ".pieces"
-
-
-class OutputError(FatalError):
-    """The output directory could not be written (full disk, permissions).
-    Raised after the manifest rows of everything already written were saved."""
 
 
 class Interrupted(Exception):
@@ -81,21 +66,6 @@ class RunSummary:
         """Audio seconds made by this run per wall second."""
         made = max(self.audio_seconds - self.reused_seconds, 0.0)
         return made / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-
-@dataclass(eq=False)   # identity: two lines are never "equal"
-class _Pending:
-    """A line to synthesize: its pieces (one unless cut) and their results."""
-    utterance: Utterance
-    normalized: str
-    pieces: list[list[int]]       # symbol ids of each piece
-    seeds: list[int]              # each piece's seed
-    key: str = ""
-    results: list = field(default_factory=list)   # per piece: Result, Exception or None
-
-    @property
-    def complete(self) -> bool:
-        return all(r is not None for r in self.results)
 
 
 def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice=print,
@@ -143,7 +113,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
-    manifest = _Checkpoint(manifest_path, utterances, rows, seed)
+    manifest = ManifestJournal(manifest_path, utterances, rows, seed)
     share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), group)
     notices: list[str] = []
     stop = signals.stop
@@ -186,9 +156,9 @@ class _Share:
     (line, piece number)), in plan order; the lines whose rows it makes; and
     the lines whose pieces are made by more than one process, which pass
     their pieces through files in PIECES_DIR."""
-    batches: list[list[tuple[_Pending, int]]]
-    lines: list[_Pending]
-    shared: set[_Pending] = field(default_factory=set)
+    batches: list[list[tuple[PendingLine, int]]]
+    lines: list[PendingLine]
+    shared: set[PendingLine] = field(default_factory=set)
 
 
 def _batch_size(settings: Settings, identity: dict) -> int:
@@ -196,16 +166,8 @@ def _batch_size(settings: Settings, identity: dict) -> int:
     return settings.batch_size or BATCH_SIZES[identity["device"]]
 
 
-def _batch_plan(pending: list[_Pending], batch_size: int) -> list[list[tuple[_Pending, int]]]:
-    """Every piece left to make, in length-sorted batches: the same plan on
-    one process and on every process of a torchrun job."""
-    work = [(p, i) for p in pending for i in range(len(p.pieces))]
-    return [[work[i] for i in batch]
-            for batch in length_sorted_batches([len(p.pieces[i]) for p, i in work], batch_size)]
-
-
-def _my_share(pending: list[_Pending], manifest: "_Checkpoint", batch_size: int,
-              group: Group | None) -> tuple[_Share, "_Checkpoint"]:
+def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size: int,
+              group: Group | None) -> tuple[_Share, ManifestJournal]:
     """This process's share of the plan and where it saves its rows: on its
     own, every batch, every row into the manifest. Under torchrun, whole
     batches of the plan one process would run (balanced by lines x longest
@@ -213,13 +175,13 @@ def _my_share(pending: list[_Pending], manifest: "_Checkpoint", batch_size: int,
     would share on one process, and its audio is that process's; each line's
     row is made by the process that makes its first piece, into its own
     partial manifest."""
-    batches = _batch_plan(pending, batch_size)
+    batches = batch_plan(pending, batch_size)
     if group is None:
         return _Share(batches, pending), manifest
     costs = [len(batch) * max(len(p.pieces[i]) for p, i in batch) for batch in batches]
     owners = distributed.share(costs, group.world)
-    makers: dict[_Pending, set[int]] = {}
-    first: dict[_Pending, int] = {}
+    makers: dict[PendingLine, set[int]] = {}
+    first: dict[PendingLine, int] = {}
     for batch, owner in zip(batches, owners):
         for p, i in batch:
             makers.setdefault(p, set()).add(owner)
@@ -228,12 +190,12 @@ def _my_share(pending: list[_Pending], manifest: "_Checkpoint", batch_size: int,
     mine = [p for p in pending if first[p] == group.rank]
     share = _Share([b for b, owner in zip(batches, owners) if owner == group.rank], mine,
                    {p for p, ranks in makers.items() if len(ranks) > 1})
-    partial = _Checkpoint(manifest.path.parent / group.partial_manifest, manifest.utterances,
+    partial = ManifestJournal(manifest.path.parent / group.partial_manifest, manifest.utterances,
                           manifest.rows, manifest.seed, only={p.utterance.line for p in mine})
     return share, partial
 
 
-def _take_over_earlier_work(manifest: "_Checkpoint", group: Group | None) -> None:
+def _take_over_earlier_work(manifest: ManifestJournal, group: Group | None) -> None:
     """Before any WAV is replaced, the manifest is rewritten with only the
     earlier rows this run keeps (old rows must not vouch for new files), and
     the partial manifests of an earlier torchrun job, read while planning,
@@ -249,7 +211,7 @@ def _take_over_earlier_work(manifest: "_Checkpoint", group: Group | None) -> Non
         _together(group, distributed.barrier)
 
 
-def _finish_shared_lines(share: _Share, writer: "_Writer", mine: "_Checkpoint", group: Group) -> None:
+def _finish_shared_lines(share: _Share, writer: "_Writer", mine: ManifestJournal, group: Group) -> None:
     """Once every process has made its batches, each writes the lines it
     owns whose pieces were made elsewhere too, from the pieces' files."""
     _together(group, distributed.barrier, saved=mine.path)
@@ -268,10 +230,10 @@ def _finish_shared_lines(share: _Share, writer: "_Writer", mine: "_Checkpoint", 
         writer.remove_pieces(p)
     mine.save(final=True)
     if failure is not None:
-        raise OutputError(_output_problem(writer.out_dir, failure))
+        raise OutputError(cannot_write(writer.out_dir, failure))
 
 
-def _merge(manifest: "_Checkpoint", mine: "_Checkpoint", group: Group) -> None:
+def _merge(manifest: ManifestJournal, mine: ManifestJournal, group: Group) -> None:
     """Every rank's rows go to rank 0, which writes the one manifest, in
     corpus order, and removes the partial manifests it no longer needs."""
     made = [mine.rows[line] for line in sorted(mine.only) if line in mine.rows]
@@ -286,7 +248,7 @@ def _merge(manifest: "_Checkpoint", mine: "_Checkpoint", group: Group) -> None:
         (manifest.path.parent / PIECES_DIR).rmdir()
 
 
-def _finish_unless_stopped(manifest: "_Checkpoint", mine: "_Checkpoint", share: _Share, writer: "_Writer",
+def _finish_unless_stopped(manifest: ManifestJournal, mine: ManifestJournal, share: _Share, writer: "_Writer",
                            group: Group, signals: StopOnSignals) -> None:
     """A process that finished its share waits for the others here; when
     torchrun stops the job (another process died), the signal ends the wait
@@ -310,7 +272,7 @@ def _together(group: Group, call, *args, saved: Path | None = None):
 
 
 def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: dict,
-          previous: dict[str, dict], out_dir: Path) -> tuple[dict[int, ManifestRow], list[_Pending]]:
+          previous: dict[str, dict], out_dir: Path) -> tuple[dict[int, ManifestRow], list[PendingLine]]:
     """Rows known before synthesis (lines with nothing to say, lines an
     earlier run finished) and the lines left to synthesize."""
     rows: dict[int, ManifestRow] = {}
@@ -331,7 +293,7 @@ def _remove_partial_manifests(out_dir: Path) -> None:
         for path in resume.partial_manifests(out_dir):
             path.unlink(missing_ok=True)
     except OSError as e:
-        raise OutputError(_output_problem(out_dir, e)) from None
+        raise OutputError(cannot_write(out_dir, e)) from None
 
 
 def _prepare_output(out_dir: Path, settings: Settings, remove_temp_files: bool = True) -> None:
@@ -342,7 +304,7 @@ def _prepare_output(out_dir: Path, settings: Settings, remove_temp_files: bool =
         for folder in (out_dir, out_dir / "wavs", out_dir / "mels") if remove_temp_files else ():
             _remove_stale_temp_files(folder)
     except OSError as e:
-        raise OutputError(_output_problem(out_dir, e)) from None
+        raise OutputError(cannot_write(out_dir, e)) from None
 
 
 # audio.atomic_write's temporary names: ".<final name>.<pid>.tmp".
@@ -370,117 +332,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _output_problem(where: Path, e: OSError) -> str:
-    return cannot_write(where, e)
-
-
-class _Checkpoint:
-    """The manifest as it stands: rows done so far (and an earlier run's kept
-    ones), the rest marked as not synthesized yet. Rewritten atomically, so
-    the file on disk is always a whole manifest, one row per corpus line.
-    With ``only`` (a torchrun process's partial manifest), just the rows
-    of those lines that are done."""
-
-    def __init__(self, path: Path, utterances: list[Utterance], rows: dict[int, ManifestRow],
-                 seed: int, only: set[int] | None = None):
-        self.path, self.utterances, self.rows, self.seed = path, utterances, rows, seed
-        self.only = only
-        self.saved_at = 0.0
-        self.save_seconds = 0.0
-        self.pending_normalized: dict[int, str] = {}
-        # line -> (row, its JSON line): rows never change once made, so each
-        # is serialized once however often the manifest is rewritten.
-        self._serialized: dict[int, tuple[ManifestRow, str]] = {}
-        self._placeholders: dict[int, ManifestRow] = {}
-
-    def ordered(self) -> list[ManifestRow]:
-        return [self.rows.get(u.line) or self._unfinished(u) for u in self.utterances]
-
-    def _unfinished(self, u: Utterance) -> ManifestRow:
-        """The row of a line not done yet (kept, so it is serialized once)."""
-        normalized = self.pending_normalized.get(u.line, "")
-        row = self._placeholders.get(u.line)
-        if row is None or row.normalized_text != normalized:
-            row = self._placeholders[u.line] = _row(
-                u, normalized, "error", "not synthesized: the run stopped first; run the same "
-                "command again to finish", self.seed)
-        return row
-
-    def _json_lines(self, rows: list[ManifestRow]) -> list[str]:
-        lines = []
-        for row in rows:
-            cached = self._serialized.get(row.line)
-            if cached is None or cached[0] is not row:
-                cached = self._serialized[row.line] = (row, row.to_json())
-            lines.append(cached[1])
-        return lines
-
-    def progress(self) -> tuple[int, int]:
-        """(lines done, lines) among those this checkpoint keeps."""
-        rows = [r for r in self.ordered() if self.only is None or r.line in self.only]
-        return sum(1 for r in rows if r.audio_filepath or r.status == "skipped"), len(rows)
-
-    def save(self, final: bool = False) -> None:
-        """Write the manifest; unless ``final``, only if the last write is old
-        enough (CHECKPOINT_SECONDS, or longer when a write takes long)."""
-        now = time.monotonic()
-        interval = max(CHECKPOINT_SECONDS, self.save_seconds / CHECKPOINT_SHARE)
-        if not final and now - self.saved_at < interval and self.saved_at:
-            return
-        if self.only is None:
-            rows = self.ordered()
-        else:
-            rows = [self.rows[u.line] for u in self.utterances if u.line in self.only and u.line in self.rows]
-        try:
-            write_manifest_lines(self.path, self._json_lines(rows))
-        except OSError as e:
-            raise OutputError(_output_problem(self.path.parent, e)) from None
-        self.saved_at = time.monotonic()
-        self.save_seconds = self.saved_at - now
-
-
-def prepare_line(u: Utterance, run_seed: int, rows: dict[int, ManifestRow],
-             settings: Settings) -> _Pending | None:
-    """Normalizes (and if long, cuts) one line; lines that cannot be
-    synthesized get their row now."""
-    if u.problem is not None:
-        status = "skipped" if u.problem in NOTHING_TO_SAY else "error"
-        rows[u.line] = _row(u, "", status, u.problem, None)
-        return None
-    try:
-        ids, normalized = frontend.normalize(u.text)
-        pieces = _pieces(u.text, ids, settings.max_symbols_per_piece)
-    except frontend.UnsupportedTextError as e:
-        rows[u.line] = _row(u, "", "error", str(e), None)
-        return None
-    if not pieces:
-        rows[u.line] = _row(u, normalized, "skipped", "nothing speakable after cleaning", None)
-        return None
-    seed = line_seed(run_seed, u.id)
-    # Ids never contain "/", so a piece's name cannot be another line's id.
-    seeds = [seed] if len(pieces) == 1 else [line_seed(run_seed, f"{u.id}/{i}") for i in range(len(pieces))]
-    return _Pending(u, normalized, pieces, seeds, results=[None] * len(pieces))
-
-
-def _pieces(text: str, ids: list[int], max_symbols: int) -> list[list[int]]:
-    """The ids of each piece to synthesize; pieces with nothing to say (a lone
-    "...") are dropped, since the model would only babble."""
-    if not max_symbols or len(ids) <= max_symbols:
-        return [ids] if frontend.is_speakable(ids) else []
-    cut = split_text(text, max_symbols, lambda piece: len(frontend.normalize(piece)[0]))
-    pieces = [frontend.normalize(piece)[0] for piece in cut]
-    return [p for p in pieces if frontend.is_speakable(p)]
-
-
-def _row(u: Utterance, normalized: str, status: str, reason: str | None,
-         seed: int | None) -> ManifestRow:
-    return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=normalized,
-                       audio_filepath=None, duration=0.0, num_samples=0, mel_frames=0,
-                       status=status, reason=reason, seed=seed, pieces=0)
-
-
 def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Writer",
-                 checkpoint: _Checkpoint, frames_per_symbol: float | None,
+                 checkpoint: ManifestJournal, frames_per_symbol: float | None,
                  signals: StopOnSignals) -> None:
     """The GPU runs batches of pieces on its own threads; a line's WAV is
     written by a small pool once all its pieces are back (a shared line's
@@ -489,7 +342,7 @@ def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Wr
     the work in flight is dropped, the rows of the lines written are saved."""
     for p in share.lines:
         checkpoint.pending_normalized[p.utterance.line] = p.normalized
-    owner: dict[int, tuple[_Pending, int]] = {}
+    owner: dict[int, tuple[PendingLine, int]] = {}
     job_batches = []
     for batch in share.batches:
         jobs = [_job(p.pieces[i], p.seeds[i], frames_per_symbol, settings) for p, i in batch]
@@ -527,11 +380,11 @@ def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Wr
             checkpoint.save()
     if failure is not None:
         checkpoint.save(final=True)
-        raise OutputError(_output_problem(writer.out_dir, failure))
+        raise OutputError(cannot_write(writer.out_dir, failure))
 
 
-def _collect(jobs: list[Job], results: list[Result] | Exception, owner: dict[int, tuple[_Pending, int]],
-             shared: set[_Pending]) -> tuple[list[_Pending], list[tuple[_Pending, int]]]:
+def _collect(jobs: list[Job], results: list[Result] | Exception, owner: dict[int, tuple[PendingLine, int]],
+             shared: set[PendingLine]) -> tuple[list[PendingLine], list[tuple[PendingLine, int]]]:
     """Hand each piece's result to its line: the lines now complete, and
     the pieces of shared lines (to hand on through files)."""
     done, handed = [], []
@@ -580,14 +433,14 @@ class _Writer:
     def __init__(self, settings: Settings, out_dir: Path, run_seed: int):
         self.settings, self.out_dir, self.run_seed = settings, out_dir, run_seed
 
-    def write(self, p: _Pending) -> ManifestRow:
+    def write(self, p: PendingLine) -> ManifestRow:
         u, s = p.utterance, self.settings
         failed = [r for r in p.results if isinstance(r, Exception)]
         if failed:
-            return _row(u, p.normalized, "error", _failure_reason(failed[0]), self.run_seed)
+            return row_without_audio(u, p.normalized, "error", _failure_reason(failed[0]), self.run_seed)
         audio = self._joined([r.audio for r in p.results])
         if not np.isfinite(audio).all():
-            return _row(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed)
+            return row_without_audio(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed)
         wav = f"wavs/{u.id}.wav"
         mel = f"mels/{u.id}.npy" if s.save_mels else None
         try:
@@ -609,10 +462,10 @@ class _Writer:
                            reason=reason, clipped_samples=clipped, seed=self.run_seed,
                            mel_filepath=mel, pieces=len(p.results), key=p.key)
 
-    def _piece_path(self, p: _Pending, i: int) -> Path:
+    def _piece_path(self, p: PendingLine, i: int) -> Path:
         return self.out_dir / PIECES_DIR / f"{p.utterance.id}.{i}.npz"
 
-    def write_piece(self, p: _Pending, i: int) -> None:
+    def write_piece(self, p: PendingLine, i: int) -> None:
         """A shared line's piece, for the process that writes the line."""
         r = p.results[i]
         if isinstance(r, Exception):
@@ -625,7 +478,7 @@ class _Writer:
             with open(temp_path, "wb") as piece_file:
                 np.savez(piece_file, **arrays)
 
-    def read_piece(self, p: _Pending, i: int) -> Result | Exception:
+    def read_piece(self, p: PendingLine, i: int) -> Result | Exception:
         try:
             with np.load(self._piece_path(p, i), allow_pickle=False) as arrays:
                 if "failure" in arrays:
@@ -636,7 +489,7 @@ class _Writer:
             return _MadeElsewhere(f"piece {i + 1} made by another process could not be read "
                                   f"({first_line(e)}); run the same command again")
 
-    def remove_pieces(self, p: _Pending) -> None:
+    def remove_pieces(self, p: PendingLine) -> None:
         for i in range(len(p.pieces)):
             with contextlib.suppress(OSError):
                 self._piece_path(p, i).unlink()

@@ -12,7 +12,6 @@ overflow on any backend.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 
 import torch
@@ -34,12 +33,6 @@ def mix32(x: Tensor) -> Tensor:
     x = x ^ (x >> 15)
     x = (x * _M2) & _MASK32
     return x ^ (x >> 16)
-
-
-def line_seed(run_seed: int, line_id: str) -> int:
-    """A line's 31-bit seed, from the run's seed and the line's id."""
-    digest = hashlib.blake2b(f"{run_seed}:{line_id}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 def _keyed(seeds: Tensor, stream: int, steps: Tensor) -> Tensor:

@@ -1,0 +1,86 @@
+"""The manifest journal: the manifest as it stands during a run, rewritten
+atomically as lines finish, so the file on disk is always a whole manifest,
+one row per corpus line."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tts_cli.corpus import Utterance
+from tts_cli.errors import OutputError, cannot_write
+from tts_cli.manifest import ManifestRow, write_manifest_lines
+from tts_cli.planning import row_without_audio
+
+# The manifest is rewritten at most this often during a run (and always at the
+# end): a SIGKILL loses at most this much finished work, and a corpus of many
+# small batches does not rewrite a large manifest after every one.
+CHECKPOINT_SECONDS = 2.0
+# ... and never more often than to spend this share of the run rewriting it
+# (a corpus of millions of lines: the rewrite takes a while and holds the GIL
+# the GPU threads need).
+CHECKPOINT_SHARE = 0.02
+
+
+class ManifestJournal:
+    """The manifest as it stands: rows done so far (and an earlier run's kept
+    ones), the rest marked as not synthesized yet. Rewritten atomically, so
+    the file on disk is always a whole manifest, one row per corpus line.
+    With ``only`` (a torchrun process's partial manifest), just the rows
+    of those lines that are done."""
+
+    def __init__(self, path: Path, utterances: list[Utterance], rows: dict[int, ManifestRow],
+                 seed: int, only: set[int] | None = None):
+        self.path, self.utterances, self.rows, self.seed = path, utterances, rows, seed
+        self.only = only
+        self.saved_at = 0.0
+        self.save_seconds = 0.0
+        self.pending_normalized: dict[int, str] = {}
+        # line -> (row, its JSON line): rows never change once made, so each
+        # is serialized once however often the manifest is rewritten.
+        self._serialized: dict[int, tuple[ManifestRow, str]] = {}
+        self._placeholders: dict[int, ManifestRow] = {}
+
+    def ordered(self) -> list[ManifestRow]:
+        return [self.rows.get(u.line) or self._unfinished(u) for u in self.utterances]
+
+    def _unfinished(self, u: Utterance) -> ManifestRow:
+        """The row of a line not done yet (kept, so it is serialized once)."""
+        normalized = self.pending_normalized.get(u.line, "")
+        row = self._placeholders.get(u.line)
+        if row is None or row.normalized_text != normalized:
+            row = self._placeholders[u.line] = row_without_audio(
+                u, normalized, "error", "not synthesized: the run stopped first; run the same "
+                "command again to finish", self.seed)
+        return row
+
+    def _json_lines(self, rows: list[ManifestRow]) -> list[str]:
+        lines = []
+        for row in rows:
+            cached = self._serialized.get(row.line)
+            if cached is None or cached[0] is not row:
+                cached = self._serialized[row.line] = (row, row.to_json())
+            lines.append(cached[1])
+        return lines
+
+    def progress(self) -> tuple[int, int]:
+        """(lines done, lines) among those this checkpoint keeps."""
+        rows = [r for r in self.ordered() if self.only is None or r.line in self.only]
+        return sum(1 for r in rows if r.audio_filepath or r.status == "skipped"), len(rows)
+
+    def save(self, final: bool = False) -> None:
+        """Write the manifest; unless ``final``, only if the last write is old
+        enough (CHECKPOINT_SECONDS, or longer when a write takes long)."""
+        now = time.monotonic()
+        interval = max(CHECKPOINT_SECONDS, self.save_seconds / CHECKPOINT_SHARE)
+        if not final and now - self.saved_at < interval and self.saved_at:
+            return
+        if self.only is None:
+            rows = self.ordered()
+        else:
+            rows = [self.rows[u.line] for u in self.utterances if u.line in self.only and u.line in self.rows]
+        try:
+            write_manifest_lines(self.path, self._json_lines(rows))
+        except OSError as e:
+            raise OutputError(cannot_write(self.path.parent, e)) from None
+        self.saved_at = time.monotonic()
+        self.save_seconds = self.saved_at - now

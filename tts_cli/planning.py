@@ -1,0 +1,84 @@
+"""Planning a run, without torch: each corpus line normalized (and, when
+long, cut) into the pieces to synthesize, each piece's seed, and the
+length-sorted batches, the same on one process and on every process of a
+torchrun job. Lines that cannot be synthesized get their manifest row here."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from tts_cli import text as frontend
+from tts_cli.batching import length_sorted_batches
+from tts_cli.config import Settings
+from tts_cli.corpus import NOTHING_TO_SAY, Utterance
+from tts_cli.manifest import ManifestRow
+from tts_cli.splitting import split_text
+
+
+def line_seed(run_seed: int, line_id: str) -> int:
+    """A line's 31-bit seed, from the run's seed and the line's id."""
+    digest = hashlib.blake2b(f"{run_seed}:{line_id}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+@dataclass(eq=False)   # identity: two lines are never "equal"
+class PendingLine:
+    """A line to synthesize: its pieces (one unless cut) and their results."""
+    utterance: Utterance
+    normalized: str
+    pieces: list[list[int]]       # symbol ids of each piece
+    seeds: list[int]              # each piece's seed
+    key: str = ""
+    results: list = field(default_factory=list)   # per piece: Result, Exception or None
+
+    @property
+    def complete(self) -> bool:
+        return all(r is not None for r in self.results)
+
+
+def prepare_line(u: Utterance, run_seed: int, rows: dict[int, ManifestRow],
+             settings: Settings) -> PendingLine | None:
+    """Normalizes (and if long, cuts) one line; lines that cannot be
+    synthesized get their row now."""
+    if u.problem is not None:
+        status = "skipped" if u.problem in NOTHING_TO_SAY else "error"
+        rows[u.line] = row_without_audio(u, "", status, u.problem, None)
+        return None
+    try:
+        ids, normalized = frontend.normalize(u.text)
+        pieces = _pieces(u.text, ids, settings.max_symbols_per_piece)
+    except frontend.UnsupportedTextError as e:
+        rows[u.line] = row_without_audio(u, "", "error", str(e), None)
+        return None
+    if not pieces:
+        rows[u.line] = row_without_audio(u, normalized, "skipped", "nothing speakable after cleaning", None)
+        return None
+    seed = line_seed(run_seed, u.id)
+    # Ids never contain "/", so a piece's name cannot be another line's id.
+    seeds = [seed] if len(pieces) == 1 else [line_seed(run_seed, f"{u.id}/{i}") for i in range(len(pieces))]
+    return PendingLine(u, normalized, pieces, seeds, results=[None] * len(pieces))
+
+
+def _pieces(text: str, ids: list[int], max_symbols: int) -> list[list[int]]:
+    """The ids of each piece to synthesize; pieces with nothing to say (a lone
+    "...") are dropped, since the model would only babble."""
+    if not max_symbols or len(ids) <= max_symbols:
+        return [ids] if frontend.is_speakable(ids) else []
+    cut = split_text(text, max_symbols, lambda piece: len(frontend.normalize(piece)[0]))
+    pieces = [frontend.normalize(piece)[0] for piece in cut]
+    return [p for p in pieces if frontend.is_speakable(p)]
+
+
+def row_without_audio(u: Utterance, normalized: str, status: str, reason: str | None,
+         seed: int | None) -> ManifestRow:
+    return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=normalized,
+                       audio_filepath=None, duration=0.0, num_samples=0, mel_frames=0,
+                       status=status, reason=reason, seed=seed, pieces=0)
+
+
+def batch_plan(pending: list[PendingLine], batch_size: int) -> list[list[tuple[PendingLine, int]]]:
+    """Every piece left to make, in length-sorted batches: the same plan on
+    one process and on every process of a torchrun job."""
+    work = [(p, i) for p in pending for i in range(len(p.pieces))]
+    return [[work[i] for i in batch]
+            for batch in length_sorted_batches([len(p.pieces[i]) for p, i in work], batch_size)]
