@@ -62,29 +62,27 @@ def test_on_cpu_waveglow_runs_folded_and_gives_the_plain_models_audio():
 
 @pytest.mark.parametrize("failing", [None, 1])
 def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(failing):
-    # overlap_batches hands each batch on only after the next one is queued;
-    # every batch must still come out once, in order, with its own audio, and
-    # a failed batch's error must stay with that batch.
+    # synthesize_all hands each batch on only after the next one is queued;
+    # every batch must still come out once, in order, with the audio it gets
+    # alone (synthesize, no threads), and a failed batch's error must stay
+    # with that batch.
     engine = make_engine()
     g = torch.Generator().manual_seed(4)
     batches = [[Job(torch.randint(12, 64, (n,), generator=g).tolist(), seed=n + 10 * b, frames=f)
                 for n, f in ((5, 7), (9, 4))] for b in range(4)]
     if failing is not None:
         batches[failing] = [Job([], seed=1)]   # no symbols: the decoder fails on it
-    runs = {}
-    for overlap in (False, True):
-        engine.overlap_batches = overlap
-        runs[overlap] = list(engine.synthesize_all(batches))
-    for (jobs_a, out_a), (jobs_b, out_b) in zip(runs[False], runs[True], strict=True):
-        assert jobs_a == jobs_b
-        if isinstance(out_a, Exception):
-            assert type(out_b) is type(out_a)
+    threaded = list(engine.synthesize_all(batches))
+    assert [jobs for jobs, _ in threaded] == batches
+    for (jobs, out), batch in zip(threaded, batches, strict=True):
+        if isinstance(out, Exception):
+            with pytest.raises(type(out)):
+                engine.synthesize(batch)
             continue
-        for a, b in zip(out_a, out_b, strict=True):
+        for a, b in zip(out, engine.synthesize(batch), strict=True):
             np.testing.assert_array_equal(a.audio, b.audio)
             np.testing.assert_array_equal(a.mel, b.mel)
-    assert [jobs for jobs, _ in runs[True]] == batches
-    failed = [i for i, (_, out) in enumerate(runs[True]) if isinstance(out, Exception)]
+    failed = [i for i, (_, out) in enumerate(threaded) if isinstance(out, Exception)]
     assert failed == ([] if failing is None else [failing])
 
 
@@ -199,8 +197,11 @@ def test_every_way_out_of_a_run_stops_and_joins_the_engines_threads(monkeypatch,
     assert not engine_threads()
 
 
-@pytest.mark.parametrize("stage", ["decode_only", "_vocode_and_finish"])
-def test_an_out_of_memory_attempt_lets_go_of_its_tensors_before_the_halves_are_tried(monkeypatch, stage):
+# attempts: the batch of 4, its halves, their halves (WaveGlow: the batch
+# queued early first, then the same batch on the halving path)
+@pytest.mark.parametrize("stage, attempts", [("decode_only", 7), ("_vocode_launch", 8)])
+def test_an_out_of_memory_attempt_lets_go_of_its_tensors_before_the_halves_are_tried(monkeypatch, stage,
+                                                                                     attempts):
     # A failed attempt's frames hold its activations (on a GPU, the memory
     # the halves need): if the retry ran while the error (and its traceback)
     # was alive, every half failed too, down to single lines. Here each
@@ -220,11 +221,10 @@ def test_an_out_of_memory_attempt_lets_go_of_its_tensors_before_the_halves_are_t
         return original(self, jobs, *args)
 
     monkeypatch.setattr(Engine, stage, failing)
-    monkeypatch.setattr(engine, "overlap_batches", False)
     batch = [Job([20 + i, 31, 40], seed=i, frames=4) for i in range(4)]
     out = list(engine.synthesize_all([batch]))
     assert sorted(j.seed for jobs, _ in out for j in jobs) == [0, 1, 2, 3]
     errors = [(jobs, r) for jobs, r in out if isinstance(r, Exception)]
     assert [[j.seed for j in jobs] for jobs, _ in errors] == [[2]]
-    assert alive_at_retry == [0] * len(alive_at_retry) and len(alive_at_retry) == 7   # 4, 2, 2, 1, 1, 1, 1
+    assert alive_at_retry == [0] * attempts
     assert errors[0][1].__traceback__ is None and not any(ref() is not None for ref in made)

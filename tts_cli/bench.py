@@ -8,9 +8,10 @@ Tacotron2 ms per decoder step, WaveGlow alone and its TFLOP/s against a matmul
 ceiling measured now, peak memory, startup time, and the same lines through a
 naive batch-of-one loop of our own models (the reference's way of running).
 
-Random weights never stop on their own, so every line's decode length is fixed
-at round(5.7 x symbols) frames (LJSpeech's average speaking rate) through the
-benchmark-only frame override; the gate is still computed every step.
+Random weights never stop on their own, so the bench's engine
+(``ForcedLengths``) fixes every line's decode length at round(5.7 x symbols)
+frames (LJSpeech's average speaking rate); the gate is still computed every
+step.
 
 Under torchrun (``run_bench_processes``) only the end-to-end run is measured,
 over all processes, one GPU each, with the same random weights everywhere; the
@@ -280,11 +281,29 @@ def _warm_up(engine: Engine, batch_size: int) -> None:
             raise results
 
 
+class ForcedLengths:
+    """``engine`` with every job decoding round(frames_per_symbol x symbols)
+    frames (at most max_decoder_steps), its gate aside; otherwise the engine
+    itself. What the pipeline runs in the bench."""
+
+    def __init__(self, engine: Engine, frames_per_symbol: float = FRAMES_PER_SYMBOL):
+        self.engine, self.frames_per_symbol = engine, frames_per_symbol
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def synthesize_all(self, batches, **options):
+        steps = self.engine.settings.decode.max_decoder_steps
+        forced = [[replace(job, frames=max(1, min(round(self.frames_per_symbol * len(job.ids)), steps)))
+                   for job in jobs] for jobs in batches]
+        return self.engine.synthesize_all(forced, **options)
+
+
 def _corpus_run(settings: Settings, corpus: Path, out: Path, engine: Engine,
                 group: Group | None = None) -> RunSummary:
     """The corpus end to end through the pipeline, each line's length fixed."""
-    return synthesize_corpus(settings, corpus, out, on_notice=lambda m: None, engine=engine,
-                             frames_per_symbol=FRAMES_PER_SYMBOL, group=group)
+    return synthesize_corpus(settings, corpus, out, on_notice=lambda m: None, engine=ForcedLengths(engine),
+                             group=group)
 
 
 def end_to_end_result(b: BenchSettings, device: torch.device, settings: Settings,

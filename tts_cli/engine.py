@@ -140,9 +140,10 @@ class SynthesisSettings:
 
 @dataclass(frozen=True)
 class Job:
-    ids: list[int]          # symbol ids of one line
-    seed: int               # the line's own seed (prenet dropout, WaveGlow noise)
-    frames: int | None = None  # benchmark only: force this many decoder frames
+    ids: list[int]          # symbol ids of one line (or piece)
+    seed: int               # its own seed (prenet dropout, WaveGlow noise)
+    frames: int | None = None  # decode exactly this many frames, the gate aside (the bench; tests)
+    index: int = -1         # the caller's number for it (the pipeline's: its place in the run's work)
 
 
 @dataclass(frozen=True)
@@ -155,11 +156,6 @@ class Result:
 
 # Both streams run at the default CUDA priority: the decoder's stream at the
 # highest measured no faster end to end (BENCHMARKS.md, what each step bought).
-# Queue each batch's WaveGlow work before waiting for the previous batch's
-# copies to the host (pinned buffers, asynchronous copies), so WaveGlow's
-# stream does not idle while this thread hands a batch on (1.04x end to end
-# on an H200).
-OVERLAP_BATCHES = True
 # The denoiser's spectra for at most this many bytes of a batch at once.
 DENOISER_SLICE_BYTES = 2 ** 30
 # On CUDA the denoiser transforms this many frames at a time: cuFFT makes a
@@ -216,8 +212,6 @@ class Engine:
                          if settings.denoiser_strength > 0 else None)
         if self.denoiser is not None and device.type == "cuda":
             self.denoiser.fft_rows = DENOISER_FFT_ROWS
-        self.denoise_in_batches = True
-        self.overlap_batches = OVERLAP_BATCHES
 
     @property
     def hop_length(self) -> int:
@@ -287,7 +281,7 @@ class Engine:
         if self.denoiser is not None:
             audio = self._denoise(audio, frames * self.hop_length, counts)
         # One copy of the whole batch each: per-item copies would stall the stream.
-        overlap = self.overlap_batches and self.device.type == "cuda"
+        overlap = self.device.type == "cuda"
         audio = _to_host(audio, overlap)
         mel = _to_host(mel.float(), overlap) if self.settings.return_mels else None
         return _Launched(jobs, audio, mel, counts, cut, _record_event(self.device) if overlap else None)
@@ -301,15 +295,9 @@ class Engine:
                        frames=n, truncated=launched.cut[i]) for i, n in enumerate(launched.counts)]
 
     def _denoise(self, audio: torch.Tensor, samples: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """The denoiser over a batch's audio, each item on its own samples:
-        in slices of items (its spectra take ~64 bytes per sample), or item
-        by item where ``denoise_in_batches`` is off (as it ran before; the
-        bench compares the two)."""
+        """The denoiser over a batch's audio, each item on its own samples,
+        in slices of items (its spectra take ~64 bytes per sample)."""
         strength = self.settings.denoiser_strength
-        if not self.denoise_in_batches:
-            for i, n in enumerate(counts):
-                audio[i, : n * self.hop_length] = self.denoiser(audio[i, : n * self.hop_length], strength)
-            return audio
         step = max(1, DENOISER_SLICE_BYTES // (64 * audio.shape[1]))
         for i in range(0, audio.shape[0], step):
             audio[i: i + step] = self.denoiser.batch(audio[i: i + step], samples[i: i + step], strength)
@@ -422,10 +410,9 @@ class Engine:
     @torch.inference_mode()
     def _vocode_stage(self, decoded: queue.Queue, gpu_alone: threading.RLock, out: queue.Queue,
                       halt: threading.Event) -> None:
-        """Vocode each decoded batch, results in batch order. With
-        ``overlap_batches`` the next batch's GPU work is queued before the
-        previous batch is waited for and handed on, so the stream does not
-        idle while this thread turns a finished batch into host arrays."""
+        """Vocode each decoded batch, results in batch order; the next
+        batch's GPU work is queued before the previous batch is waited for
+        and handed on (``_vocode_item``)."""
         pending = None
         with self._stream():
             while (item := _get(decoded, halt)) is not _DONE:
@@ -454,12 +441,13 @@ class Engine:
         for part_jobs, part, part_host in self._waveglow_parts(jobs, tensors, host):
             if halt.is_set():
                 break
-            launched = None
-            if self.overlap_batches:
-                try:
-                    launched = self._vocode_launch(part_jobs, *part, *part_host)
-                except RuntimeError:
-                    pass   # out of memory among them: the halving path below, in order
+            # Queued before the previous batch is waited for and handed on,
+            # so WaveGlow's stream does not idle while this thread turns a
+            # finished batch into host arrays (1.04x end to end on an H200).
+            try:
+                launched = self._vocode_launch(part_jobs, *part, *part_host)
+            except RuntimeError:
+                launched = None   # out of memory among them: the halving path below, in order
             self._hand_on(pending, out, halt)
             pending = launched
             if launched is None:

@@ -70,7 +70,7 @@ class RunSummary:
 
 def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice=print,
                       engine: Engine | None = None,
-                      frames_per_symbol: float | None = None, group: Group | None = None,
+                      group: Group | None = None,
                       signals: StopOnSignals | None = None) -> RunSummary:
     """Synthesize every line of ``corpus`` into ``out_dir``, reusing the WAVs an
     earlier run left there when their resume key matches. Problems with single
@@ -82,9 +82,8 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
     its rows in its own partial manifest, and rank 0 merges them into the
     manifest at the end; only rank 0's summary covers the whole job.
 
-    The benchmark passes its own ``engine`` (random full-size weights) and
-    ``frames_per_symbol``, which fixes each line's decode length instead of the
-    stop gate's verdict (random weights never stop on their own).
+    The benchmark passes its own ``engine`` (random full-size weights, each
+    line's decode length fixed by it).
 
     ``signals``: the caller's handlers, already installed (the command
     installs them before anything else); without them the run installs its
@@ -95,12 +94,12 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
         except CorpusError as e:
             raise FatalError(str(e)) from None
         with output_lock.held(out_dir, group):
-            return _synthesize(settings, utterances, out_dir, on_notice, engine, frames_per_symbol,
+            return _synthesize(settings, utterances, out_dir, on_notice, engine,
                                group, signals)
 
 
 def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice,
-                engine: Engine | None, frames_per_symbol: float | None,
+                engine: Engine | None,
                 group: Group | None, signals: StopOnSignals) -> RunSummary:
     """``synthesize_corpus`` once the corpus is read and the output directory
     is this run's."""
@@ -109,7 +108,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     seed, seed_source = resume.run_seed(settings, previous)
     if group is not None:
         seed = _together(group, distributed.agree_on_seed, seed)
-    identity = resume.audio_identity(settings, engine, frames_per_symbol)
+    identity = resume.audio_identity(settings, engine)
     rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
@@ -132,7 +131,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     try:
         _take_over_earlier_work(manifest, group)
         if share.batches and not stop.is_set():
-            _run_batches(engine, share, settings, writer, checkpoint, frames_per_symbol, signals)
+            _run_batches(engine, share, settings, writer, checkpoint, signals)
     finally:
         checkpoint.save(final=True)
     if group is not None and not stop.is_set():
@@ -333,8 +332,7 @@ def _alive(pid: int) -> bool:
 
 
 def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Writer",
-                 checkpoint: ManifestJournal, frames_per_symbol: float | None,
-                 signals: StopOnSignals) -> None:
+                 checkpoint: ManifestJournal, signals: StopOnSignals) -> None:
     """The GPU runs batches of pieces on its own threads; a line's WAV is
     written by a small pool once all its pieces are back (a shared line's
     pieces go to files instead); the manifest is saved as rows come in. A
@@ -342,12 +340,11 @@ def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Wr
     the work in flight is dropped, the rows of the lines written are saved."""
     for p in share.lines:
         checkpoint.pending_normalized[p.utterance.line] = p.normalized
-    owner: dict[int, tuple[PendingLine, int]] = {}
-    job_batches = []
+    work = [item for batch in share.batches for item in batch]   # job.index -> (line, piece)
+    job_batches, n = [], 0
     for batch in share.batches:
-        jobs = [_job(p.pieces[i], p.seeds[i], frames_per_symbol, settings) for p, i in batch]
-        owner.update((id(job), item) for job, item in zip(jobs, batch))
-        job_batches.append(jobs)
+        job_batches.append([Job(p.pieces[i], p.seeds[i], index=n + k) for k, (p, i) in enumerate(batch)])
+        n += len(batch)
     failure: OSError | None = None
     progress = _Progress(len(share.lines), settings.quiet)
     results = engine.synthesize_all(job_batches, stop=signals.stop, abort=signals.abort)
@@ -355,7 +352,7 @@ def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Wr
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, progress, \
             contextlib.closing(results):
         for jobs, made in results:
-            done, handed = _collect(jobs, made, owner, share.shared)
+            done, handed = _collect(jobs, made, work, share.shared)
             del made
             writes = ([(p, pool.submit(writer.write, p)) for p in done]
                       + [(None, pool.submit(writer.write_piece, p, i)) for p, i in handed])
@@ -383,13 +380,13 @@ def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Wr
         raise OutputError(cannot_write(writer.out_dir, failure))
 
 
-def _collect(jobs: list[Job], results: list[Result] | Exception, owner: dict[int, tuple[PendingLine, int]],
+def _collect(jobs: list[Job], results: list[Result] | Exception, work: list[tuple[PendingLine, int]],
              shared: set[PendingLine]) -> tuple[list[PendingLine], list[tuple[PendingLine, int]]]:
     """Hand each piece's result to its line: the lines now complete, and
     the pieces of shared lines (to hand on through files)."""
     done, handed = [], []
     for n, job in enumerate(jobs):
-        p, i = owner[id(job)]
+        p, i = work[job.index]
         p.results[i] = results if isinstance(results, Exception) else results[n]
         if p in shared:
             handed.append((p, i))
@@ -418,13 +415,6 @@ class _Progress:
     def __exit__(self, *exc):
         self.bar.close()
         return False
-
-
-def _job(ids: list[int], seed: int, frames_per_symbol: float | None, settings: Settings) -> Job:
-    if frames_per_symbol is None:
-        return Job(ids, seed)
-    frames = min(round(frames_per_symbol * len(ids)), settings.max_decoder_steps)
-    return Job(ids, seed, frames=max(frames, 1))
 
 
 class _Writer:

@@ -29,8 +29,7 @@ MANIFEST_NAME = "manifest.jsonl"
 REUSABLE = ("ok", "truncated")
 
 
-def audio_identity(settings: Settings, engine: Engine | None,
-                   frames_per_symbol: float | None) -> dict:
+def audio_identity(settings: Settings, engine: Engine | None) -> dict:
     """Everything besides a line's ids and seed that changes its audio."""
     if engine is not None:
         # The caller's own models (the benchmark): no files to hash.
@@ -47,8 +46,7 @@ def audio_identity(settings: Settings, engine: Engine | None,
             "sigma": settings.sigma, "denoiser_strength": denoiser,
             "max_decoder_steps": settings.max_decoder_steps,
             "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
-            "sample_rate": settings.sample_rate, "sample_format": settings.sample_format,
-            "frames_per_symbol": frames_per_symbol}
+            "sample_rate": settings.sample_rate, "sample_format": settings.sample_format}
 
 
 def previous_rows(out_dir: Path) -> dict[str, dict]:
