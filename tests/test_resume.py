@@ -69,7 +69,7 @@ def test_nothing_left_to_do_loads_no_model(tmp_path, tiny_checkpoints, monkeypat
     out = tmp_path / "out"
     corpus = write(tmp_path, LINES)
     assert synth(corpus, out, tiny_checkpoints).exit_code == 0
-    monkeypatch.setattr("tts_cli.pipeline.make_engine", lambda *a: pytest.fail("models loaded"))
+    monkeypatch.setattr("tts_cli.pipeline.load_engine", lambda *a: pytest.fail("models loaded"))
     result = synth(corpus, out, tiny_checkpoints)
     assert result.exit_code == 0 and "5 reused" in result.output
 
@@ -349,3 +349,14 @@ def test_a_cut_line_that_hits_the_step_limit_is_kept_as_truncated_naming_the_pie
     assert row["status"] == "truncated" and row["pieces"] == 3
     assert "max_decoder_steps (12)" in row["reason"] and "piece 1, 2, 3 of 3" in row["reason"]
     assert sf.info(str(tmp_path / "out" / row["audio_filepath"])).frames == row["num_samples"]
+
+
+def test_resume_keys_need_neither_the_engine_nor_the_voice_loader():
+    # The voice is resolved once per run and handed to resume; resume
+    # importing the engine and the voice loader resolved it again and again.
+    import subprocess
+    import sys
+    code = "import sys, tts_cli.resume; print(sorted(m for m in ('tts_cli.engine', 'tts_cli.voice') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

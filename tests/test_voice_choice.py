@@ -14,7 +14,7 @@ from tiny_models import canonical, tiny_tacotron2, tiny_waveglow
 from tts_cli.checkpoints import file_digest
 from tts_cli.cli import main
 from tts_cli.config import Settings
-from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, choose_voice, make_engine, model_fingerprint
+from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, choose_voice, make_engine, resolve_voice
 
 NOTICE = ("using the demo voice (checkpoints/demo_*.pt; robotic, for trying the tool): "
           "for NVIDIA's voice put tacotron2_statedict.pt and waveglow_256channels_universal_v5.pt "
@@ -155,11 +155,11 @@ def test_a_recipe_naming_checkpoints_counts_as_given(workdir, demo_files, tiny_c
 def test_the_fingerprint_hashes_the_files_the_voice_uses(workdir, demo_files, tiny_checkpoints):
     put(workdir, demo_files, *DEMO_FILES)
     demo = {kind: file_digest(demo_files / name) for kind, name in DEMO_FILES.items()}
-    assert model_fingerprint(Settings()) == demo
+    assert resolve_voice(Settings(device="cpu")).fingerprint == demo
     publish(workdir, tiny_checkpoints, "tacotron2")
-    assert model_fingerprint(Settings()) == demo, "one published file alone is not used"
+    assert resolve_voice(Settings(device="cpu")).fingerprint == demo, "one published file alone is not used"
     publish(workdir, tiny_checkpoints, "waveglow")
-    assert model_fingerprint(Settings()) == {kind: file_digest(path) for kind, path
+    assert resolve_voice(Settings(device="cpu")).fingerprint == {kind: file_digest(path) for kind, path
                                              in zip(PUBLISHED_FILES, tiny_checkpoints)}
 
 

@@ -27,7 +27,7 @@ from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_
 from tts_cli.journal import ManifestJournal
 from tts_cli.manifest import ManifestRow, summarize
 from tts_cli.signals import StopOnSignals
-from tts_cli.voice import make_engine
+from tts_cli.voice import engine_voice, load_engine, resolve_voice
 
 # Under torchrun, the pieces of a cut line that more than one process makes
 # go to the line's writer through files here (removed when the line is
@@ -108,13 +108,14 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     seed, seed_source = resume.run_seed(settings, previous)
     if group is not None:
         seed = _together(group, distributed.agree_on_seed, seed)
-    identity = resume.audio_identity(settings, engine)
+    voice = engine_voice(engine, settings) if engine is not None else resolve_voice(settings)
+    identity = resume.audio_identity(settings, voice)
     rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
     manifest = ManifestJournal(manifest_path, utterances, rows, seed)
     share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), group)
-    notices: list[str] = []
+    notices: list[str] = list(voice.notices)
     stop = signals.stop
     started = time.perf_counter()
     # An unwritable directory fails before loading models. Under torchrun
@@ -122,7 +123,9 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     # live process's pid looks dead.
     _prepare_output(out_dir, settings, remove_temp_files=group is None or group.rank == 0)
     if share.batches and not stop.is_set():   # a signal during the checks: no need to load
-        engine = engine or make_engine(settings, notices)
+        if engine is None:
+            engine = load_engine(settings, voice)
+            notices.extend(engine.notices)
     for notice in notices:
         on_notice(notice)
     load_seconds = time.perf_counter() - started

@@ -13,35 +13,27 @@ import hashlib
 import json
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import soundfile as sf
 
 from tts_cli import distributed
 from tts_cli.config import Settings
 from tts_cli.corpus import Utterance
-from tts_cli.engine import Engine, resolve_device, resolve_precision
 from tts_cli.errors import FatalError
 from tts_cli.manifest import ManifestRow, read_manifest
-from tts_cli.voice import choose_voice, denoiser_strength, model_fingerprint
+
+if TYPE_CHECKING:
+    from tts_cli.voice import ResolvedVoice
 
 MANIFEST_NAME = "manifest.jsonl"
 # Statuses whose WAV a re-run may keep.
 REUSABLE = ("ok", "truncated")
 
 
-def audio_identity(settings: Settings, engine: Engine | None) -> dict:
+def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
     """Everything besides a line's ids and seed that changes its audio."""
-    if engine is not None:
-        # The caller's own models (the benchmark): no files to hash.
-        device, dtype, models = engine.device, engine.dtype, {"engine": "given by the caller"}
-        denoiser = engine.settings.denoiser_strength
-    else:
-        try:
-            device = resolve_device(settings.device)
-        except (ValueError, RuntimeError) as e:
-            raise FatalError(str(e)) from None
-        dtype, models = resolve_precision(device, settings.precision)[0], model_fingerprint(settings)
-        denoiser = denoiser_strength(settings, choose_voice(settings))
+    models, device, dtype, denoiser = voice.fingerprint, voice.device, voice.dtype, voice.denoiser_strength
     return {"models": models, "device": device.type, "dtype": str(dtype),
             "sigma": settings.sigma, "denoiser_strength": denoiser,
             "max_decoder_steps": settings.max_decoder_steps,

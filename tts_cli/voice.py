@@ -138,7 +138,7 @@ def _shown(path: Path) -> str:
 
 
 def load_models(settings: Settings, voice: Voice | None = None) -> tuple[Tacotron2, WaveGlow]:
-    """The two models of ``voice``, by default ``choose_voice(settings)``."""
+    """The two models of ``voice`` (the files), by default ``choose_voice(settings)``."""
     voice = voice or choose_voice(settings)
     try:
         tacotron2_sd = load_tacotron2_weights(voice.tacotron2)
@@ -173,32 +173,67 @@ def _build(model_class, state_dict, path: Path):
     return model
 
 
-def make_engine(settings: Settings, notices: list[str]) -> Engine:
+@dataclass(frozen=True)
+class ResolvedVoice:
+    """Everything about a run's voice that decides its audio, resolved once
+    per run before any model loads (a re-run with nothing left to do loads
+    none): the files, their fingerprint for the resume keys, the device and
+    dtype, the denoiser strength, and the notices that go with them."""
+    files: Voice | None            # None: an engine the caller built (the bench)
+    fingerprint: dict[str, str]    # sha256 of each file, or what stands for them
+    device: torch.device
+    dtype: torch.dtype
+    denoiser_strength: float
+    sample_rate: int
+    notices: tuple[str, ...] = ()
+
+
+def resolve_voice(settings: Settings) -> ResolvedVoice:
+    """The run's voice, from its settings (the order in the module docstring)."""
     try:
         device = resolve_device(settings.device)
     except (ValueError, RuntimeError) as e:
         raise FatalError(str(e)) from None
     dtype, notice = resolve_precision(device, settings.precision)
-    if notice:
-        notices.append(notice)
-    voice = choose_voice(settings)
-    if voice.notice:
-        notices.append(voice.notice)
-    tacotron2, waveglow = load_models(settings, voice)
-    engine = Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, voice, device))
+    files = choose_voice(settings)
+    notices = tuple(line for line in (notice, files.notice) if line)
+    return ResolvedVoice(files, model_fingerprint(files), device, dtype, denoiser_strength(settings, files),
+                         settings.sample_rate, notices)
+
+
+def engine_voice(engine: Engine, settings: Settings) -> ResolvedVoice:
+    """The voice of an engine the caller built (no files to hash)."""
+    return ResolvedVoice(None, {"engine": "given by the caller"}, engine.device, engine.dtype,
+                         engine.settings.denoiser_strength, settings.sample_rate)
+
+
+def load_engine(settings: Settings, voice: ResolvedVoice) -> Engine:
+    """The models of ``voice`` loaded into an engine; its own notices (a
+    model the fast path cannot serve) are in ``engine.notices``."""
+    tacotron2, waveglow = load_models(settings, voice.files)
+    return Engine(tacotron2, waveglow, voice.device, voice.dtype,
+                  synthesis_settings(settings, voice.denoiser_strength, voice.device))
+
+
+def make_engine(settings: Settings, notices: list[str]) -> Engine:
+    """``load_engine`` of the settings' voice, every notice added to ``notices``."""
+    voice = resolve_voice(settings)
+    notices.extend(voice.notices)
+    engine = load_engine(settings, voice)
     notices.extend(engine.notices)
     return engine
 
 
-def synthesis_settings(s: Settings, voice: Voice | None = None,
+def synthesis_settings(s: Settings, denoiser: float | None = None,
                        device: torch.device | None = None) -> SynthesisSettings:
-    """The engine's share of the run's settings; ``voice`` (default: models
-    in NVIDIA's published shapes) and ``device`` (default: the run's) fill
-    what the run leaves unset."""
+    """The engine's share of the run's settings; ``denoiser`` (default: the
+    run's, else the reference's strength) and ``device`` (default: the
+    run's) fill what the run leaves unset."""
     decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
                             prenet_dropout=s.prenet_dropout)
     memory = s.waveglow_memory_gib or waveglow_memory_gib(device or resolve_device(s.device))
-    return SynthesisSettings(sigma=s.sigma, denoiser_strength=denoiser_strength(s, voice), decode=decode,
+    strength = denoiser if denoiser is not None else denoiser_strength(s, None)
+    return SynthesisSettings(sigma=s.sigma, denoiser_strength=strength, decode=decode,
                              waveglow_memory_gib=memory, return_mels=s.save_mels)
 
 
@@ -253,15 +288,15 @@ def denoiser_strength(settings: Settings, voice: Voice | None) -> float:
     return DENOISER_STRENGTH["demo" if is_demo else "published"]
 
 
-def model_fingerprint(settings: Settings) -> dict[str, str]:
-    """sha256 of the two files ``choose_voice`` picks: a resume key must
-    change when the weights change, whatever the files are called (switching
-    between the demo voice and NVIDIA's redoes every line). Hashing the
-    ~650 MB WaveGlow takes a few seconds, so it is done once per run."""
-    voice, fingerprint = choose_voice(settings), {}
+def model_fingerprint(files: Voice) -> dict[str, str]:
+    """sha256 of the two files: a resume key must change when the weights
+    change, whatever the files are called (switching between the demo voice
+    and NVIDIA's redoes every line). Hashing the ~650 MB WaveGlow takes a
+    few seconds, so it is done once per run (``resolve_voice``)."""
+    fingerprint = {}
     for kind in PUBLISHED_FILES:
         try:
-            fingerprint[kind] = file_digest(voice.path(kind))
+            fingerprint[kind] = file_digest(files.path(kind))
         except CheckpointError as e:
             raise FatalError(str(e)) from None
     return fingerprint
