@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from tts_cli.batching import pad_sequences
+from tts_cli.errors import first_line
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.waveglow import Denoiser, WaveGlow
@@ -312,7 +313,7 @@ class Engine:
         threads and two streams, so the decoder's work fills WaveGlow's gaps.
 
         Yields ``(jobs, results)`` in batch order, where ``results`` is the
-        jobs' results or the exception that failed them. A batch that runs out
+        jobs' results or the SynthesisError that failed them. A batch that runs out
         of GPU memory is split in halves and retried, down to single jobs, so
         one batch may come back as several smaller ones (on CPU a batch also
         comes back in the slices WaveGlow runs at once); only a job that fails
@@ -389,9 +390,9 @@ class Engine:
             # frames and verdicts read on this stream, not behind WaveGlow's queue
             host = (decoded[1].tolist(), decoded[2].tolist())
         except torch.cuda.OutOfMemoryError as e:
-            error = _detached(e)
+            error = _failure(e)
         except RuntimeError as e:
-            _put(out, (jobs, _detached(e)), halt)
+            _put(out, (jobs, _failure(e)), halt)
             return
         else:
             if not stop.is_set():
@@ -474,7 +475,7 @@ class Engine:
         try:
             _put(out, (launched.jobs, self._finish(launched)), halt)
         except RuntimeError as e:
-            _put(out, (launched.jobs, _detached(e)), halt)
+            _put(out, (launched.jobs, _failure(e)), halt)
 
     def _vocode_split(self, jobs: list[Job], tensors, out: queue.Queue, halt: threading.Event) -> None:
         """Vocode one decoded batch; out of memory, vocode each half on its own
@@ -483,9 +484,9 @@ class Engine:
             _put(out, (jobs, self._vocode_and_finish(jobs, *tensors)), halt)
             return
         except torch.cuda.OutOfMemoryError as e:
-            error = _detached(e)
+            error = _failure(e)
         except RuntimeError as e:
-            _put(out, (jobs, _detached(e)), halt)
+            _put(out, (jobs, _failure(e)), halt)
             return
         # Retried here, outside the except clause, where the failed attempt's
         # frames and the activations they held are gone.
@@ -524,14 +525,23 @@ def _to_host(tensor: torch.Tensor, asynchronous: bool) -> torch.Tensor:
     return host
 
 
-def _detached(error: Exception) -> Exception:
-    """``error`` without its traceback and context: their frames hold the
-    failed attempt's tensors, GPU memory included, for as long as the error
-    is kept (a retry inside the except clause, or a line's error handed on),
-    and out of memory the retries then fail too."""
-    error.__traceback__ = None
-    error.__context__ = None
-    return error
+class SynthesisError(Exception):
+    """Why a batch (or, out of memory, a single line) came back without
+    audio, as one line for its manifest rows. It holds no traceback: the
+    failed attempt's frames hold its tensors, GPU memory included, for as
+    long as their traceback is kept (a retry inside the except clause, or a
+    line's error handed on), and out of memory the retries then fail too."""
+
+    def __init__(self, reason: str, out_of_memory: bool = False):
+        super().__init__(reason)
+        self.out_of_memory = out_of_memory
+
+
+def _failure(error: Exception) -> SynthesisError:
+    """``error`` as the SynthesisError that goes out instead (traceback left behind)."""
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return SynthesisError(f"out of GPU memory even in a batch of one: {first_line(error)}", True)
+    return SynthesisError(f"synthesis failed: {first_line(error)}")
 
 
 def _halves(jobs: list[Job]) -> list[list[Job]]:

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from tts_cli import distributed, output_lock, resume
@@ -21,7 +20,7 @@ from tts_cli.audio import atomic_write, write_mel, write_wav
 from tts_cli.config import BATCH_SIZES, Settings
 from tts_cli.corpus import CorpusError, Utterance, read_corpus
 from tts_cli.distributed import Group, GroupError
-from tts_cli.engine import Engine, Job, Result
+from tts_cli.engine import Engine, Job, Result, SynthesisError
 from tts_cli.errors import FatalError, OutputError, cannot_write, first_line
 from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_audio
 from tts_cli.journal import ManifestJournal
@@ -503,10 +502,9 @@ class _MadeElsewhere(Exception):
 
 
 def _failure_reason(e: Exception) -> str:
-    if isinstance(e, _MadeElsewhere):
+    """The engine's SynthesisError and _MadeElsewhere say it in one line already."""
+    if isinstance(e, (SynthesisError, _MadeElsewhere)):
         return str(e)
-    if isinstance(e, torch.cuda.OutOfMemoryError):
-        return f"out of GPU memory even in a batch of one: {first_line(e)}"
     return f"synthesis failed: {first_line(e)}"
 
 
