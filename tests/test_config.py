@@ -44,3 +44,22 @@ def test_an_unknown_recipe_name_lists_the_built_in_ones():
 def test_settings_are_frozen():
     with pytest.raises(AttributeError):
         Settings().sigma = 1.0
+
+
+def test_defaults_live_in_settings_alone_and_help_shows_them():
+    # The default recipe sets nothing, so what --help shows as a default
+    # (Settings' own) is what a run gets; the engine's dataclasses take theirs
+    # from the same place.
+    from click.testing import CliRunner
+    from tts_cli.cli import main
+    from tts_cli.engine import SynthesisSettings
+    assert load_settings() == Settings()
+    engine_side = SynthesisSettings()
+    assert (engine_side.sigma, engine_side.decode.max_decoder_steps, engine_side.decode.gate_threshold,
+            engine_side.decode.prenet_dropout) == (Settings().sigma, Settings().max_decoder_steps,
+                                                   Settings().gate_threshold, Settings().prenet_dropout)
+    shown = " ".join(CliRunner().invoke(main, ["synth", "--help"]).output.split())
+    for option, name in [("--sigma", "sigma"), ("--max-decoder-steps", "max_decoder_steps"),
+                         ("--piece-pause", "piece_pause"), ("--sample-format", "sample_format")]:
+        assert f"[default: {getattr(Settings(), name)}]" in shown, option
+    assert "[default: fp16 on CUDA, fp32 on CPU]" in shown

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from tts_cli.config import (CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES,
+from tts_cli.config import (CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
                             SAMPLE_FORMATS, ConfigError, load_settings)
 
 EXIT_LINE_ERRORS = 1
@@ -52,41 +52,41 @@ def main():
               help="Output directory: wavs/, mels/ and manifest.jsonl go here.")
 @click.option("--recipe", default=DEFAULT_RECIPE, show_default=True,
               help="Built-in recipe name or a YAML file; options given here override it.")
-@click.option("--tacotron2", type=click.Path(dir_okay=False), help="Tacotron2 checkpoint "
-              "(default: checkpoints/tacotron2_statedict.pt; with neither option given and "
-              "NVIDIA's files missing, the demo voice shipped with tts-batch).")
-@click.option("--waveglow", type=click.Path(dir_okay=False), help="WaveGlow checkpoint "
-              "(default: checkpoints/waveglow_256channels_universal_v5.pt; with neither option "
-              "given and NVIDIA's files missing, the demo voice shipped with tts-batch).")
+@click.option("--tacotron2", type=click.Path(dir_okay=False),
+              help=f"Tacotron2 checkpoint. {default_help('tacotron2')}")
+@click.option("--waveglow", type=click.Path(dir_okay=False),
+              help=f"WaveGlow checkpoint. {default_help('waveglow')}")
 @click.option("--format", "format_", type=click.Choice(CORPUS_FORMATS),
-              help="Corpus format: plain lines (id = line number), ljspeech (id|text), tsv (id<TAB>text). [default: plain]")
-@click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available]")
+              help="Corpus format: plain lines (id = line number), ljspeech (id|text), tsv (id<TAB>text). "
+                   f"{default_help('format')}")
+@click.option("--device", help=f"cuda, cuda:N or cpu. {default_help('device')}")
 @click.option("--precision", type=click.Choice(PRECISION_NAMES),
-              help="[default: fp16 on CUDA, fp16 on CPU]")
+              help=f"Model dtype. {default_help('precision')}")
 @click.option("--batch-size", type=click.IntRange(min=1),
-              help="Most lines per batch. [default: 128 on a GPU, 16 on CPU]")
-@click.option("--sigma", type=click.FloatRange(min=0), help="WaveGlow noise scale. [default: 0.666]")
+              help=f"Most lines per batch. {default_help('batch_size')}")
+@click.option("--sigma", type=click.FloatRange(min=0), help=f"WaveGlow noise scale. {default_help('sigma')}")
 @click.option("--denoiser-strength", type=click.FloatRange(min=0),
-              help="Denoiser strength; 0 disables it. [default: 0.01, as the reference; 0 for the demo voice]")
+              help=f"Denoiser strength; 0 disables it. {default_help('denoiser_strength')}")
 @click.option("--max-decoder-steps", type=click.IntRange(min=1),
-              help="Frames after which a line is cut and marked truncated. [default: 1000]")
+              help=f"Frames after which a line is cut and marked truncated. {default_help('max_decoder_steps')}")
 @click.option("--gate-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True),
-              help="Stop where sigmoid(gate) exceeds this. [default: 0.5]")
+              help=f"Stop where sigmoid(gate) exceeds this. {default_help('gate_threshold')}")
 @click.option("--prenet-dropout", type=click.FloatRange(0, 1, max_open=True),
-              help="Prenet dropout at inference, as the reference; 0 is deterministic. [default: 0.5]")
+              help=f"Prenet dropout at inference, as the reference; 0 is deterministic. "
+                   f"{default_help('prenet_dropout')}")
 @click.option("--seed", type=click.IntRange(min=0),
-              help="Run seed: each line's randomness derives from it and the line's id. [default: random, recorded in the manifest]")
+              help=f"Run seed: each line's randomness derives from it and the line's id. {default_help('seed')}")
 @click.option("--sample-format", type=click.Choice(SAMPLE_FORMATS),
-              help="WAV sample format. [default: pcm16]")
+              help=f"WAV sample format. {default_help('sample_format')}")
 @click.option("--save-mels", is_flag=True, default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")
 @click.option("--max-symbols-per-piece", type=click.IntRange(min=0),
-              help="Cut longer lines at sentence, clause, then word boundaries; 0 never cuts. [default: 180]")
+              help="Cut longer lines at sentence, clause, then word boundaries; 0 never cuts. "
+                   f"{default_help('max_symbols_per_piece')}")
 @click.option("--piece-pause", type=click.FloatRange(0, 10),
-              help="Seconds of silence between the pieces of a cut line. [default: 0.15]")
+              help=f"Seconds of silence between the pieces of a cut line. {default_help('piece_pause')}")
 @click.option("--waveglow-memory", "waveglow_memory_gib", type=click.FloatRange(min=0, min_open=True),
               metavar="GIB", help="Memory WaveGlow's activations may take at once; a batch runs in "
-                                  "slices within it (audio unchanged). [default: half the GPU's free "
-                                  "memory, at most 15; on CPU a sixteenth of the available RAM, at most 0.25]")
+                                  f"slices within it (audio unchanged). {default_help('waveglow_memory_gib')}")
 @click.option("--force", is_flag=True, default=None,
               help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,28 @@ PRECISION_NAMES = ("fp32", "fp16", "bf16")
 # batches of 16 as of 32 (47-65 s against 50-56 s, three runs each on a shared
 # machine; 66 s in batches of 128), ending 6-13 s after a Ctrl-C against 12-13 s.
 BATCH_SIZES = {"cuda": 128, "cpu": 16}
+# The reference's denoiser strength (NVIDIA's inference script), the default
+# for every voice but the demo one (voice.py says why).
+REFERENCE_DENOISER_STRENGTH = 0.01
+# WaveGlow's memory when the run sets none: (share of what the device has
+# free, at most this many GiB). CUDA: half the free device memory, at most
+# the 15 GiB that the H200 measurements ran with (about a million rows in
+# fp16; 6.4 GiB used at most). CPU: a sixteenth of the available RAM, at most
+# 1/4 GiB: the budget was host RAM there, and 15 GiB of it took 14.6 GB for
+# 100 lines of the demo voice; smaller slices also run faster on a CPU (2
+# cores, demo voice, fp32, 32 long lines: 27.8x real time in slices of 1/8
+# GiB, 14.6x in 1/2 GiB, 8.1x in 2 GiB).
+WAVEGLOW_MEMORY_SHARE = {"cuda": (1 / 2, 15.0), "cpu": (1 / 16, 0.25)}
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How Tacotron2 decodes: the reference's rules, and the defaults of the
+    run settings of the same names."""
+    max_decoder_steps: int = 1000
+    gate_threshold: float = 0.5
+    prenet_dropout: float = 0.5
+    stop_check_every: int = 16   # host sync once per this many steps, not every step
 
 
 class ConfigError(ValueError):
@@ -38,11 +61,11 @@ class Settings:
     tacotron2: str | None = None        # Tacotron2 checkpoint; None: look in checkpoints/
     waveglow: str | None = None         # WaveGlow checkpoint; None: look in checkpoints/
     sample_rate: int = 22050            # written in the WAV header; the voice's training rate
-    sigma: float = 0.666                # WaveGlow noise scale
+    sigma: float = 0.666                # WaveGlow noise scale, the reference's
     denoiser_strength: float | None = None  # bias-spectrum subtraction; 0 disables it; None: the voice's own (voice.py)
-    max_decoder_steps: int = 1000       # a line that reaches it is kept, marked truncated
-    gate_threshold: float = 0.5         # stop where sigmoid(gate) > this
-    prenet_dropout: float = 0.5         # the reference keeps it on at inference; 0 = deterministic
+    max_decoder_steps: int = DecodeSettings.max_decoder_steps   # a line that reaches it is kept, truncated
+    gate_threshold: float = DecodeSettings.gate_threshold      # stop where sigmoid(gate) > this
+    prenet_dropout: float = DecodeSettings.prenet_dropout      # on at inference, as the reference; 0: deterministic
     seed: int | None = None             # run seed; None draws one (recorded in the manifest)
     batch_size: int | None = None       # most lines per batch; None: BATCH_SIZES by device
     sample_format: str = "pcm16"        # WAV subtype: pcm16 or float32
@@ -84,6 +107,30 @@ def _problems(s: Settings):
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+# What a setting left unset means (it is decided where the run needs it).
+UNSET_MEANS = {
+    "tacotron2": "checkpoints/tacotron2_statedict.pt; with neither checkpoint given and NVIDIA's files "
+                 "missing, the demo voice shipped with tts-batch",
+    "waveglow": "checkpoints/waveglow_256channels_universal_v5.pt; with neither checkpoint given and "
+                "NVIDIA's files missing, the demo voice shipped with tts-batch",
+    "denoiser_strength": f"{REFERENCE_DENOISER_STRENGTH}, as the reference; 0 for the demo voice",
+    "seed": "random, recorded in the manifest",
+    "batch_size": f"{BATCH_SIZES['cuda']} on a GPU, {BATCH_SIZES['cpu']} on CPU",
+    "device": "cuda when available",
+    "precision": "fp16 on CUDA, fp32 on CPU",
+    "waveglow_memory_gib": (f"{Fraction(WAVEGLOW_MEMORY_SHARE['cuda'][0])} of the GPU's free memory, at most "
+                            f"{WAVEGLOW_MEMORY_SHARE['cuda'][1]:g}; on CPU {Fraction(WAVEGLOW_MEMORY_SHARE['cpu'][0])} "
+                            f"of the available RAM, at most {WAVEGLOW_MEMORY_SHARE['cpu'][1]:g}"),
+}
+
+
+def default_help(name: str) -> str:
+    """``[default: ...]`` for an option's help: Settings' default (the
+    default recipe sets none), or what leaving it unset means."""
+    value = FIELDS[name].default
+    shown = UNSET_MEANS[name] if value is None else ("off" if value is False else value)
+    return f"[default: {shown}]"
 
 
 def builtin_recipes() -> list[str]:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from tts_cli.batching import pad_sequences
+from tts_cli.config import REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
 from tts_cli.errors import first_line
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
 from tts_cli.decoder_graph import GraphedDecoder
@@ -127,12 +128,16 @@ def resolve_precision(device: torch.device, name: str | None) -> tuple[torch.dty
     return PRECISIONS[name or "fp16"], None
 
 
+_RUN = Settings()   # the defaults of a run's settings (config.py): defined there alone
+
+
 @dataclass(frozen=True)
 class SynthesisSettings:
-    sigma: float = 0.666
-    denoiser_strength: float = 0.01
+    sigma: float = _RUN.sigma
+    denoiser_strength: float = REFERENCE_DENOISER_STRENGTH
     decode: DecodeSettings = DecodeSettings()
-    waveglow_memory_gib: float = 15.0   # WaveGlow's activations at once; a batch runs in slices within it
+    # WaveGlow's activations at once; a batch runs in slices within it (the GPU default's cap)
+    waveglow_memory_gib: float = WAVEGLOW_MEMORY_SHARE["cuda"][1]
     # Result.mel filled in. Off, the mels stay on the device: their host copy
     # was a third of the audio's bytes and half the pinned blocks of a run
     # (the pipeline asks for them only with --save-mels).

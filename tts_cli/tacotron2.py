@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from tts_cli import randomness
+from tts_cli.config import DecodeSettings   # the decoding rules' settings: defined with the run's
 
 
 @dataclass(frozen=True)
@@ -313,14 +314,6 @@ class Tacotron2(nn.Module):
         keep = (torch.arange(mel.shape[2], device=mel.device)[None, :] < frames[:, None])
         keep = keep.unsqueeze(1).to(mel.dtype)
         return (mel + self.postnet(mel, keep)) * keep
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    max_decoder_steps: int = 1000
-    gate_threshold: float = 0.5
-    prenet_dropout: float = 0.5
-    stop_check_every: int = 16   # host sync once per this many steps, not every step
 
 
 def prenet_keep_masks(seeds: Tensor, steps: Tensor, d: Tacotron2Dims, p: float,

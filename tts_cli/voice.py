@@ -28,7 +28,7 @@ import torch
 
 from tts_cli.checkpoints import (CheckpointError, file_digest, load_tacotron2_weights,
                                  load_waveglow_weights)
-from tts_cli.config import Settings
+from tts_cli.config import REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
 from tts_cli.engine import Engine, SynthesisSettings, resolve_device, resolve_precision
 from tts_cli.errors import FatalError, first_line
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2
@@ -56,7 +56,7 @@ DEMO_FILES = {
 # scale, and subtracting even 0.01 of it leaves near silence. Its own output
 # for real mels at sigma 0 is about -74 dB below full scale, so it runs
 # without the denoiser.
-DENOISER_STRENGTH = {"published": 0.01, "demo": 0.0}
+DENOISER_STRENGTH = {"published": REFERENCE_DENOISER_STRENGTH, "demo": 0.0}
 
 
 @dataclass(frozen=True)
@@ -237,15 +237,6 @@ def synthesis_settings(s: Settings, denoiser: float | None = None,
                              waveglow_memory_gib=memory, return_mels=s.save_mels)
 
 
-# WaveGlow's memory when the run sets none: (share of what the device has
-# free, at most this many GiB). CUDA: half the free device memory, at most
-# the 15 GiB that the H200 measurements ran with (about a million rows in
-# fp16; its fused path then took 7.4 GiB). CPU: a sixteenth of the
-# available RAM, at most 1/4 GiB: the budget was host RAM there, and 15 GiB
-# of it took 14.6 GB for 100 lines of the demo voice; smaller slices also run
-# faster on a CPU (2 cores, demo voice, fp32, 32 long lines: 27.8x real time
-# in slices of 1/8 GiB, 14.6x in 1/2 GiB, 8.1x in 2 GiB).
-WAVEGLOW_MEMORY_SHARE = {"cuda": (1 / 2, 15.0), "cpu": (1 / 16, 0.25)}
 
 
 def waveglow_memory_gib(device: torch.device) -> float:
