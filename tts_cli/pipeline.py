@@ -436,6 +436,10 @@ class _Writer:
         wav = f"wavs/{u.id}.wav"
         mel = f"mels/{u.id}.npy" if s.save_mels else None
         try:
+            if mel is None:
+                # No row will point at an earlier run's mel of this line
+                # (nor may one: it can be of other audio), so it goes.
+                (self.out_dir / f"mels/{u.id}.npy").unlink(missing_ok=True)
             clipped = write_wav(self.out_dir / wav, audio, s.sample_rate, s.sample_format)
             if mel is not None:
                 write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))
