@@ -21,6 +21,6 @@ def assert_same_output(out, reference):
             np.testing.assert_allclose(mine, theirs, atol=1e-6)
 
 
-def mtimes(out):
-    """Each WAV's modification time: unchanged when a re-run reuses it."""
-    return {p.name: p.stat().st_mtime_ns for p in (out / "wavs").iterdir()}
+def mtimes(out, folder="wavs"):
+    """Each WAV's (or mel's) modification time: unchanged when a re-run reuses it."""
+    return {p.name: p.stat().st_mtime_ns for p in (out / folder).iterdir()}

@@ -79,6 +79,21 @@ def test_ljspeech_format_names_files_by_id(tmp_path, tiny_checkpoints):
     assert rows[2]["status"] == "error" and "UTF-8" in rows[2]["reason"]
 
 
+def test_a_plain_corpus_of_ids_and_text_runs_as_asked_with_one_line_naming_its_format(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "metadata.csv"
+    corpus.write_text("LJ001-0001|Printing, in the only sense.\nLJ001-0002|Hi.\n")
+    tacotron2, waveglow = tiny_checkpoints
+    args = [str(corpus), "--tacotron2", str(tacotron2), "--waveglow", str(waveglow), "--device", "cpu",
+            "--max-decoder-steps", "12", "--seed", "1"]
+    plain = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "plain")])
+    assert plain.exit_code == 0, plain.output
+    hints = [line for line in plain.output.splitlines() if "--format ljspeech" in line]
+    assert len(hints) == 1 and str(corpus) in hints[0]
+    assert [r["id"] for r in manifest(tmp_path / "plain")] == ["000001", "000002"]
+    asked = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "ljspeech"), "--format", "ljspeech"])
+    assert asked.exit_code == 0 and "--format" not in asked.output, asked.output
+
+
 def test_duplicate_ids_stop_before_any_work(tmp_path, tiny_checkpoints):
     corpus = tmp_path / "c.tsv"
     corpus.write_text("a\tone\nb\ttwo\na\tthree\n")

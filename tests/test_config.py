@@ -63,3 +63,17 @@ def test_defaults_live_in_settings_alone_and_help_shows_them():
                          ("--piece-pause", "piece_pause"), ("--sample-format", "sample_format")]:
         assert f"[default: {getattr(Settings(), name)}]" in shown, option
     assert "[default: fp16 on CUDA, fp32 on CPU]" in shown
+
+
+def test_every_synth_option_sets_the_settings_field_of_its_name():
+    # A recipe key is its option's name with "_" for "-": --waveglow-memory
+    # set waveglow_memory_gib, which a recipe had to spell otherwise.
+    import click
+    from tts_cli.cli import synth
+    from tts_cli.config import FIELDS
+    options = [p for p in synth.params if isinstance(p, click.Option) and p.name not in ("out_dir", "recipe")]
+    assert len(options) >= 19
+    for option in options:
+        key = max(option.opts, key=len).removeprefix("--").replace("-", "_")
+        assert key in FIELDS, option.opts
+        assert option.name.rstrip("_") == key, option.opts   # format_: cli.py passes it on as format

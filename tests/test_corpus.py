@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tts_cli.corpus import FORMATS, CorpusError, Utterance, read_corpus
+from tts_cli.corpus import FORMATS, CorpusError, Utterance, format_hint, read_corpus
 
 
 def write_corpus(tmp_path: Path, data: bytes, name: str = "corpus.txt") -> Path:
@@ -162,6 +162,43 @@ def test_separated_formats_flag_bad_lines_with_placeholder_ids(tmp_path, fmt, se
     assert rows[5].text == "" and "not valid UTF-8" in rows[5].problem and "column 7" in rows[5].problem
     # Bad id: placeholder id, but the readable text is still shown.
     assert rows[6].text == "readable text" and "0xff at column 2" in rows[6].problem
+
+
+# --- a plain corpus that looks like ids and text -------------------------------------------------
+
+IDS_AND_TEXT = [b"LJ001-0001{}Printing, in the only sense.", b"LJ001-0002{}It cost $3.50.", b"",
+                b"LJ001-0003{}Hi.", b"spk_2.take-7{}A line with a | in it.", b"x{}Short.",
+                b"A line a hand added without an id."]
+
+
+def hint(tmp_path, lines, fmt="plain"):
+    path = write_corpus(tmp_path, b"\n".join(lines) + b"\n")
+    return format_hint(path, read_corpus(path, fmt), fmt)
+
+
+@pytest.mark.parametrize("separator, fmt", [(b"|", "ljspeech"), (b"\t", "tsv")])
+def test_a_plain_corpus_mostly_of_ids_and_text_gets_one_line_naming_its_format(tmp_path, separator, fmt):
+    lines = [line.replace(b"{}", separator) for line in IDS_AND_TEXT]
+    found = hint(tmp_path, lines)     # 5 of the 6 lines with text: over 80 %
+    assert found is not None and "\n" not in found
+    assert str(tmp_path / "corpus.txt") in found and "5 of its 6 lines" in found and f"--format {fmt}" in found
+    assert hint(tmp_path, lines[:2] + [b"A line without an id.", b"Another one."]) is None   # 2 of 4
+
+
+@pytest.mark.parametrize("lines", [
+    [b"Either this|or that, said the sign.", b"Nothing to see here.", b"Or here."],
+    [b"He said | she said.", b"We said | they said."],                  # no id has a space
+    [b"Name\tAge\tTown", b"\tAn indented line.", b"Plain prose again."],
+    [b"LJ001-0001|The only line."],                                    # one line is no pattern
+    [b"a|", b"b|  "],                                                   # ids, but no text after them
+])
+def test_prose_with_an_occasional_separator_gets_no_hint(tmp_path, lines):
+    assert hint(tmp_path, lines) is None
+
+
+def test_the_separated_formats_themselves_get_no_hint(tmp_path):
+    assert hint(tmp_path, [line.replace(b"{}", b"|") for line in IDS_AND_TEXT], "ljspeech") is None
+    assert hint(tmp_path, [line.replace(b"{}", b"\t") for line in IDS_AND_TEXT], "tsv") is None
 
 
 # --- ids that would break the output folder ------------------------------------------------

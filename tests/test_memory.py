@@ -36,8 +36,8 @@ def test_on_a_gpu_the_default_budget_is_a_share_of_its_free_memory(monkeypatch, 
 
 def test_a_budget_the_run_sets_is_kept_on_any_machine(monkeypatch):
     monkeypatch.setattr(voice, "available_ram", lambda: 1 * GIB)
-    assert budget(load_settings(overrides={"waveglow_memory_gib": 3.5}), "cpu") == 3.5
-    assert budget(Settings(waveglow_memory_gib=0.01), "cpu") == 0.01
+    assert budget(load_settings(overrides={"waveglow_memory": 3.5}), "cpu") == 3.5
+    assert budget(Settings(waveglow_memory=0.01), "cpu") == 0.01
 
 
 def test_a_containers_memory_limit_counts_as_what_is_available(tmp_path):

@@ -6,6 +6,7 @@ import re
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
 import torch
@@ -119,6 +120,60 @@ def test_a_damaged_manifest_is_one_line_naming_it(tmp_path, tiny_checkpoints):
     result = synth(corpus, out, tiny_checkpoints)
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and "manifest.jsonl:1" in result.output and "--force" in result.output
+
+
+# --- mels --------------------------------------------------------------------------------------
+
+def mel_files_and_rows(out):
+    """(the mel files on disk, the ones the manifest's rows point at), by name."""
+    pointed = [r["mel_filepath"] for r in manifest(out) if r["mel_filepath"]]
+    return sorted(p.name for p in (out / "mels").iterdir()), sorted(Path(m).name for m in pointed)
+
+
+def test_a_rerun_without_save_mels_keeps_the_mels_and_one_with_it_again_redoes_nothing(
+        tmp_path, tiny_checkpoints):
+    # The re-run without --save-mels wrote mel_filepath null into every kept
+    # row, so the mels were pointed at by nothing and the next run with
+    # --save-mels made every line again.
+    out = tmp_path / "out"
+    corpus = write(tmp_path, LINES)
+    assert synth(corpus, out, tiny_checkpoints, "--save-mels").exit_code == 0
+    wavs, mels = mtimes(out), mtimes(out, "mels")
+    result = synth(corpus, out, tiny_checkpoints)
+    assert result.exit_code == 0 and "5 reused" in result.output, result.output
+    on_disk, pointed = mel_files_and_rows(out)
+    assert len(pointed) == 5 and on_disk == pointed
+    again = synth(corpus, out, tiny_checkpoints, "--save-mels")
+    assert again.exit_code == 0 and "5 reused" in again.output, again.output
+    assert mtimes(out) == wavs and mtimes(out, "mels") == mels
+
+
+def test_a_line_made_again_without_save_mels_leaves_no_mel_of_its_old_audio(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    assert synth(write(tmp_path, LINES), out, tiny_checkpoints, "--save-mels").exit_code == 0
+    changed = [*LINES[:3], "A new fourth line.", *LINES[4:]]
+    result = synth(write(tmp_path, changed), out, tiny_checkpoints)
+    assert result.exit_code == 0 and "4 reused" in result.output, result.output
+    assert manifest(out)[3]["mel_filepath"] is None
+    on_disk, pointed = mel_files_and_rows(out)
+    assert "000004.npy" not in on_disk and on_disk == pointed
+
+
+def test_a_missing_or_damaged_mel_is_not_vouched_for_and_save_mels_makes_its_line_again(
+        tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    corpus = write(tmp_path, LINES)
+    assert synth(corpus, out, tiny_checkpoints, "--save-mels").exit_code == 0
+    (out / "mels" / "000001.npy").unlink()
+    damaged = out / "mels" / "000002.npy"
+    damaged.write_bytes(damaged.read_bytes()[:-8])       # cut short by hand
+    result = synth(corpus, out, tiny_checkpoints)
+    assert result.exit_code == 0 and "5 reused" in result.output, result.output
+    assert [r["mel_filepath"] for r in manifest(out)[:3]] == [None, None, "mels/000003.npy"]
+    result = synth(corpus, out, tiny_checkpoints, "--save-mels")
+    assert result.exit_code == 0 and "3 reused" in result.output, result.output
+    for row in manifest(out)[:2]:
+        assert np.load(out / row["mel_filepath"]).shape[1] == row["mel_frames"] > 0
 
 
 # --- out of GPU memory -------------------------------------------------------------------------

@@ -84,9 +84,9 @@ def main():
                    f"{default_help('max_symbols_per_piece')}")
 @click.option("--piece-pause", type=click.FloatRange(0, 10),
               help=f"Seconds of silence between the pieces of a cut line. {default_help('piece_pause')}")
-@click.option("--waveglow-memory", "waveglow_memory_gib", type=click.FloatRange(min=0, min_open=True),
+@click.option("--waveglow-memory", type=click.FloatRange(min=0, min_open=True),
               metavar="GIB", help="Memory WaveGlow's activations may take at once; a batch runs in "
-                                  f"slices within it (audio unchanged). {default_help('waveglow_memory_gib')}")
+                                  f"slices within it (audio unchanged). {default_help('waveglow_memory')}")
 @click.option("--force", is_flag=True, default=None,
               help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")

@@ -75,8 +75,8 @@ class Settings:
     precision: str | None = None        # fp32, fp16, bf16; None: fp16 on CUDA, fp32 on CPU
     max_symbols_per_piece: int = 180    # longer lines are cut into pieces; 0 disables (splitting.py)
     piece_pause: float = 0.15           # seconds of silence between a cut line's pieces
-    waveglow_memory_gib: float | None = None  # memory WaveGlow's activations may take (batches run in slices
-                                              # within it); None: a share of the machine's (voice.py)
+    waveglow_memory: float | None = None  # GiB WaveGlow's activations may take (batches run in slices
+                                          # within it); None: a share of the machine's (voice.py)
     force: bool = False                 # redo every line, reusing nothing from an earlier run
     quiet: bool = False                 # no progress bar or summary
 
@@ -97,7 +97,7 @@ def _problems(s: Settings):
         (s.seed is None or s.seed >= 0, "seed must be >= 0"),
         (s.max_symbols_per_piece >= 0, "max_symbols_per_piece must be >= 0 (0 disables splitting)"),
         (0 <= s.piece_pause <= 10, "piece_pause must be between 0 and 10 seconds"),
-        (s.waveglow_memory_gib is None or s.waveglow_memory_gib > 0, "waveglow_memory_gib must be > 0"),
+        (s.waveglow_memory is None or s.waveglow_memory > 0, "waveglow_memory must be > 0"),
         (s.sample_format in SAMPLE_FORMATS, f"sample_format must be one of {', '.join(SAMPLE_FORMATS)}"),
         (s.format in CORPUS_FORMATS, f"format must be one of {', '.join(CORPUS_FORMATS)}"),
         (s.precision is None or s.precision in PRECISION_NAMES,
@@ -119,9 +119,9 @@ UNSET_MEANS = {
     "batch_size": f"{BATCH_SIZES['cuda']} on a GPU, {BATCH_SIZES['cpu']} on CPU",
     "device": "cuda when available",
     "precision": "fp16 on CUDA, fp32 on CPU",
-    "waveglow_memory_gib": (f"{Fraction(WAVEGLOW_MEMORY_SHARE['cuda'][0])} of the GPU's free memory, at most "
-                            f"{WAVEGLOW_MEMORY_SHARE['cuda'][1]:g}; on CPU {Fraction(WAVEGLOW_MEMORY_SHARE['cpu'][0])} "
-                            f"of the available RAM, at most {WAVEGLOW_MEMORY_SHARE['cpu'][1]:g}"),
+    "waveglow_memory": (f"{Fraction(WAVEGLOW_MEMORY_SHARE['cuda'][0])} of the GPU's free memory, at most "
+                        f"{WAVEGLOW_MEMORY_SHARE['cuda'][1]:g}; on CPU {Fraction(WAVEGLOW_MEMORY_SHARE['cpu'][0])} "
+                        f"of the available RAM, at most {WAVEGLOW_MEMORY_SHARE['cpu'][1]:g}"),
 }
 
 

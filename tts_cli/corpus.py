@@ -15,6 +15,8 @@ Supported formats:
 * ``plain``    every line is text; the id is the zero-padded line number.
 * ``ljspeech`` ``id|text[|more columns ignored]`` (LJSpeech ``metadata.csv``).
 * ``tsv``      ``id<TAB>text[<TAB>more columns ignored]``.
+
+``format_hint`` says when a plain corpus looks like one of the other two.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ _SEPARATORS = {
     "ljspeech": (b"|", "'|'", "id|text"),
     "tsv": (b"\t", "tab", "id<TAB>text"),
 }
+
+# A plain corpus whose lines mostly read id|text or id<TAB>text was likely
+# meant for that format: as plain, every id would be spoken. "Mostly": this
+# share of the lines with text, and at least this many; an id: a first field
+# that is a safe id (_SAFE_ID), no longer than this.
+_HINT_SHARE = 0.8
+_HINT_MIN_LINES = 2
+_HINT_MAX_ID_LENGTH = 64
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,27 @@ def read_corpus(path: str | os.PathLike, fmt: str = "plain") -> list[Utterance]:
         # Plain ids are distinct line numbers: safe and unique by construction.
         _check_ids(parsed, path)
     return [utterance for utterance, _ in parsed]
+
+
+def format_hint(path: str | os.PathLike, utterances: list[Utterance], fmt: str) -> str | None:
+    """One line suggesting --format ljspeech or tsv for a plain corpus whose
+    lines mostly start with an id and that format's separator; else None.
+    The caller shows it: the corpus may be right as it is."""
+    if fmt != "plain":
+        return None
+    texts = [u.text for u in utterances if u.problem is None]
+    for name, (separator, _, layout) in _SEPARATORS.items():
+        with_ids = sum(1 for text in texts if _starts_with_id(text, separator.decode()))
+        if with_ids >= max(_HINT_MIN_LINES, _HINT_SHARE * len(texts)):
+            return (f"{os.fspath(path)}: {with_ids} of its {len(texts)} lines with text look like '{layout}', but "
+                    f"--format plain speaks each whole line; pass --format {name} if those are ids")
+    return None
+
+
+def _starts_with_id(text: str, separator: str) -> bool:
+    line_id, found, rest = text.partition(separator)
+    return (bool(found) and len(line_id) <= _HINT_MAX_ID_LENGTH and _SAFE_ID.fullmatch(line_id) is not None
+            and bool(rest.strip()))
 
 
 def _split_physical_lines(data: bytes) -> list[bytes]:

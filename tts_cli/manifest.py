@@ -54,7 +54,8 @@ class ManifestRow:
     clipped_samples: int = 0
     # Random seed used for this utterance, when sampling was seeded.
     seed: int | None = None
-    # Mel spectrogram path relative to the manifest's directory, when mels are saved.
+    # Mel spectrogram path relative to the manifest's directory, when this run or an
+    # earlier one with the same key saved the line's mel; else None.
     mel_filepath: str | None = None
     # Pieces the line was cut into and synthesized as (1: not cut; 0: not synthesized).
     pieces: int = 1

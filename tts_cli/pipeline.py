@@ -18,7 +18,7 @@ from tqdm import tqdm
 from tts_cli import distributed, output_lock, resume
 from tts_cli.audio import atomic_write, write_mel, write_wav
 from tts_cli.config import BATCH_SIZES, Settings
-from tts_cli.corpus import CorpusError, Utterance, read_corpus
+from tts_cli.corpus import CorpusError, Utterance, format_hint, read_corpus
 from tts_cli.distributed import Group, GroupError
 from tts_cli.engine import Engine, Job, Result, SynthesisError
 from tts_cli.errors import FatalError, OutputError, cannot_write, first_line
@@ -92,6 +92,9 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
             utterances = read_corpus(corpus, settings.format)
         except CorpusError as e:
             raise FatalError(str(e)) from None
+        hint = format_hint(corpus, utterances, settings.format)
+        if hint is not None:
+            on_notice(hint)
         with output_lock.held(out_dir, group):
             return _synthesize(settings, utterances, out_dir, on_notice, engine,
                                group, signals)
@@ -436,6 +439,10 @@ class _Writer:
         wav = f"wavs/{u.id}.wav"
         mel = f"mels/{u.id}.npy" if s.save_mels else None
         try:
+            if mel is None:
+                # No row will point at an earlier run's mel of this line
+                # (nor may one: it can be of other audio), so it goes.
+                (self.out_dir / f"mels/{u.id}.npy").unlink(missing_ok=True)
             clipped = write_wav(self.out_dir / wav, audio, s.sample_rate, s.sample_format)
             if mel is not None:
                 write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))

@@ -4,7 +4,8 @@ may keep it.
 A line's key hashes everything that decides its audio (its symbol ids and
 how they were cut, its id, the seed, both checkpoint files' contents, every
 audio setting, device type and dtype). A re-run keeps a line's row and WAV
-when the keys match and the WAV is whole; anything else is made again.
+when the keys match and the WAV is whole, and its mel file with them when
+that is whole too; anything else is made again.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import soundfile as sf
 
 from tts_cli import distributed
@@ -85,19 +87,41 @@ def line_key(pieces: list[list[int]], line_id: str, run_seed: int, identity: dic
 def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
                  settings: Settings) -> ManifestRow | None:
     """The earlier run's row, to keep with its WAV, when the key matches and
-    the file is whole (present, at the recorded length and rate); else None."""
+    the WAV is whole (present, at the recorded length and rate); else None.
+
+    The row keeps its mel file, with or without --save-mels, while that is
+    whole (present, at the recorded frames): the key that vouches for the
+    WAV vouches for the mel. With --save-mels, a line whose mel is missing or
+    damaged is made again, WAV and all: a mel comes only from Tacotron2, and
+    the pipeline has no pass that runs it without WaveGlow.
+    """
     if old is None or old.get("key") != key or old["status"] not in REUSABLE:
         return None
-    wav = f"wavs/{u.id}.wav"
-    mel = old.get("mel_filepath") if settings.save_mels else None
-    if old["audio_filepath"] != wav or (settings.save_mels and not (mel and (out_dir / mel).is_file())):
+    wav, mel = f"wavs/{u.id}.wav", f"mels/{u.id}.npy"
+    if old["audio_filepath"] != wav or not _whole_wav(out_dir / wav, old["num_samples"], settings.sample_rate):
         return None
-    try:
-        info = sf.info(str(out_dir / wav))
-    except (RuntimeError, OSError):   # missing or unreadable: make it again
-        return None
-    if info.frames != old["num_samples"] or info.samplerate != settings.sample_rate:
+    if old.get("mel_filepath") != mel or _mel_frames(out_dir / mel) != old["mel_frames"]:
+        mel = None
+    if settings.save_mels and mel is None:
         return None
     known = {f.name for f in dataclasses.fields(ManifestRow)}
     row = ManifestRow(**{k: v for k, v in old.items() if k in known})
     return dataclasses.replace(row, line=u.line, text=u.text, mel_filepath=mel)
+
+
+def _whole_wav(path: Path, samples: int, sample_rate: int) -> bool:
+    try:
+        info = sf.info(str(path))
+    except (RuntimeError, OSError):   # missing or unreadable: make it again
+        return False
+    return info.frames == samples and info.samplerate == sample_rate
+
+
+def _mel_frames(path: Path) -> int | None:
+    """The frames of a whole mel file (a 2-D float32 .npy), read from its
+    header; None when it is missing or damaged."""
+    try:
+        mel = np.load(path, mmap_mode="r", allow_pickle=False)   # header only; data past its end fails
+    except (OSError, ValueError, EOFError):
+        return None
+    return mel.shape[1] if mel.ndim == 2 and mel.dtype == np.float32 else None

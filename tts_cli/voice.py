@@ -231,7 +231,7 @@ def synthesis_settings(s: Settings, denoiser: float | None = None,
     run's) fill what the run leaves unset."""
     decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
                             prenet_dropout=s.prenet_dropout)
-    memory = s.waveglow_memory_gib or waveglow_memory_gib(device or resolve_device(s.device))
+    memory = s.waveglow_memory or waveglow_memory_gib(device or resolve_device(s.device))
     strength = denoiser if denoiser is not None else denoiser_strength(s, None)
     return SynthesisSettings(sigma=s.sigma, denoiser_strength=strength, decode=decode,
                              waveglow_memory_gib=memory, return_mels=s.save_mels)
