@@ -27,8 +27,9 @@ LINES = [
 TABLE_HEADER = "| measure | value |"
 
 
-def tiny_random_models(seed=0):
-    """Same seed, same weights: every process builds the same models, as bench's own do."""
+def tiny_random_models(device, seed=0):
+    """Same seed, same weights: every process builds the same models, as
+    bench's own do (on any device: they are not the full-size ones)."""
     return tiny_tacotron2(seed), tiny_waveglow(seed)
 
 

@@ -1,5 +1,11 @@
 """tts-batch end to end through click's CliRunner, on tiny checkpoints."""
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -8,6 +14,8 @@ from click.testing import CliRunner
 from outputs import manifest
 from tts_cli.cli import main
 from tiny_models import HOP
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CORPUS = (
     "Printing, in the only sense with which we are at present concerned.\n"
@@ -141,3 +149,88 @@ def test_help_lists_the_options():
                    "--gate-threshold", "--prenet-dropout", "--seed", "--batch-size", "--sample-format",
                    "--save-mels", "--format", "--force", "--max-symbols-per-piece", "--piece-pause", "--quiet", "--device", "--precision", "--recipe"):
         assert option in result.output
+
+
+def without_torch(args, cwd, stdin=None):
+    """The command in a process where importing torch fails: what it says
+    before torch would load (exit status, stderr)."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from tts_cli.cli import main\n"
+            "main(prog_name='tts-batch')")
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, input=stdin, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["missing.txt", "-o", "out"], "missing.txt: no such file"),
+    (["c.txt", "-o", "out", "--device", "tpu"], "--device: device must be cpu, cuda or cuda:N, not 'tpu'"),
+    (["c.txt", "-o", "out", "--device", "cuda:x"], "not 'cuda:x'"),
+    (["c.txt", "-o", "out", "--tacotron2", "missing.pt"], "tacotron2 checkpoint missing.pt: no such file"),
+    (["c.txt", "-o", "out", "--recipe", "r.yaml"], "waveglow checkpoint .: is a directory"),
+    (["c.txt", "-o", "c.txt"], "-o c.txt: is a file"),
+    (["c.txt", "-o", "out", "--recipe", "none.yaml"], "none.yaml"),
+])
+def test_mistakes_are_one_line_before_torch_is_imported(tmp_path, args, says):
+    (tmp_path / "c.txt").write_text("hello\n")
+    (tmp_path / "r.yaml").write_text("waveglow: .\n")
+    code, stderr = without_torch(args, tmp_path)
+    assert code == 2, stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tts-batch: error: ") and says in lines[0], stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "r.yaml"], "nothing written"
+
+
+def test_a_corpus_on_stdin_runs_and_resumes_by_content(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    first = run(["-", "-o", str(out)], tiny_checkpoints, input="Hello there.\nA second line.\n")
+    assert first.exit_code == 0, first.output
+    assert [r["status"] for r in manifest(out)] == ["ok", "ok"]
+    tacotron2, waveglow = tiny_checkpoints
+    again = CliRunner().invoke(main, ["-", "-o", str(out), "--tacotron2", str(tacotron2), "--waveglow",
+                                      str(waveglow), "--device", "cpu", "--max-decoder-steps", "12"],
+                               input="Hello there.\nA second line.\n")
+    assert again.exit_code == 0, again.output
+    assert "nothing to do: 2 lines: 2 ok; 2 reused from an earlier run" in again.output
+    changed = run(["-", "-o", str(out)], tiny_checkpoints, input="Hello there.\nAnother second line.\n")
+    assert changed.exit_code == 0, changed.output
+    assert [r["text"] for r in manifest(out)] == ["Hello there.", "Another second line."]
+
+
+def test_the_summary_counts_in_words(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("Hello there.\n")
+    tacotron2, waveglow = tiny_checkpoints
+    result = CliRunner().invoke(main, [str(corpus), "-o", str(tmp_path / "out"), "--tacotron2", str(tacotron2),
+                                       "--waveglow", str(waveglow), "--device", "cpu",
+                                       "--max-decoder-steps", "12", "--seed", "1"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^1 line: 1 (ok|truncated); 0 reused", result.output, re.M), result.output
+    assert "s of audio made in" in result.output
+
+
+def test_a_run_that_fails_before_any_work_leaves_the_output_as_it_found_it(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello\n")
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(tiny_checkpoints[1].read_bytes()[:1000])
+    result = run([str(corpus), "-o", str(tmp_path / "new")], (tiny_checkpoints[0], broken))
+    assert result.exit_code == 2 and not (tmp_path / "new").exists()
+    (tmp_path / "empty").mkdir()
+    result = run([str(corpus), "-o", str(tmp_path / "empty"), "--save-mels"], (tiny_checkpoints[0], broken))
+    assert result.exit_code == 2 and list((tmp_path / "empty").iterdir()) == []
+
+
+def test_a_finished_run_leaves_no_lock_file(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello\n")
+    result = run([str(corpus), "-o", str(tmp_path / "out")], tiny_checkpoints)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["manifest.jsonl", "wavs"]
+
+
+def test_bench_on_cpu_is_refused_in_one_line():
+    result = CliRunner().invoke(main, ["bench", "--device", "cpu"])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line and not line.startswith("bench: ")]
+    assert len(lines) == 1 and "GPU figures" in lines[0] and "--device cpu" in lines[0]

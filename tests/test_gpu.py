@@ -166,7 +166,7 @@ def test_graphed_decoder_with_its_kernels_equals_the_eager_decode_for_every_shap
 
 def engine(dtype):
     settings = SynthesisSettings(decode=DecodeSettings(prenet_dropout=0.5))
-    return Engine(*random_models(), torch.device("cuda"), dtype, settings)
+    return Engine(*random_models(torch.device("cuda")), torch.device("cuda"), dtype, settings)
 
 
 def jobs():

@@ -5,6 +5,7 @@ import torch
 
 from tts_cli.bench import ForcedLengths
 from tts_cli.config import Settings
+from tts_cli.corpus import read_corpus
 from tts_cli.engine import Engine, SynthesisSettings
 from tts_cli.pipeline import synthesize_corpus
 from tts_cli.tacotron2 import DecodeSettings
@@ -31,7 +32,7 @@ def test_a_run_lets_go_of_each_lines_audio_once_it_is_written(tmp_path):
             yield jobs, results
     engine.synthesize_all = watched
 
-    summary = synthesize_corpus(Settings(batch_size=2, quiet=True), corpus, tmp_path / "out",
+    summary = synthesize_corpus(Settings(batch_size=2, quiet=True), read_corpus(corpus), tmp_path / "out",
                                 on_notice=lambda m: None, engine=ForcedLengths(engine, 0.5))
     assert summary.counts["ok"] == 8 and len(still_held) == 4
     # when a batch comes out, only the one before it may still be in hand
@@ -52,6 +53,6 @@ def test_without_a_batch_size_cpu_runs_batches_of_16(tmp_path):
         sizes.extend(len(jobs) for jobs in batches)
         return run_batches(batches, **options)
     engine.synthesize_all = watched
-    summary = synthesize_corpus(Settings(quiet=True, device="cpu"), corpus, tmp_path / "out",
+    summary = synthesize_corpus(Settings(quiet=True, device="cpu"), read_corpus(corpus), tmp_path / "out",
                                 on_notice=lambda m: None, engine=ForcedLengths(engine, 0.1))
     assert summary.counts["ok"] == 40 and sizes == [16, 16, 8]

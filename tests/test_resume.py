@@ -72,7 +72,7 @@ def test_nothing_left_to_do_loads_no_model(tmp_path, tiny_checkpoints, monkeypat
     assert synth(corpus, out, tiny_checkpoints).exit_code == 0
     monkeypatch.setattr("tts_cli.pipeline.load_engine", lambda *a: pytest.fail("models loaded"))
     result = synth(corpus, out, tiny_checkpoints)
-    assert result.exit_code == 0 and "5 reused" in result.output
+    assert result.exit_code == 0 and "nothing to do: 6 lines: 5 ok, 1 skipped; 5 reused" in result.output
 
 
 def test_changed_settings_force_and_damaged_wavs_are_redone(tmp_path, tiny_checkpoints):
@@ -140,7 +140,7 @@ def test_a_rerun_without_save_mels_keeps_the_mels_and_one_with_it_again_redoes_n
     assert synth(corpus, out, tiny_checkpoints, "--save-mels").exit_code == 0
     wavs, mels = mtimes(out), mtimes(out, "mels")
     result = synth(corpus, out, tiny_checkpoints)
-    assert result.exit_code == 0 and "5 reused" in result.output, result.output
+    assert result.exit_code == 0 and "nothing to do: 6 lines: 5 ok, 1 skipped; 5 reused" in result.output, result.output
     on_disk, pointed = mel_files_and_rows(out)
     assert len(pointed) == 5 and on_disk == pointed
     again = synth(corpus, out, tiny_checkpoints, "--save-mels")
@@ -168,7 +168,7 @@ def test_a_missing_or_damaged_mel_is_not_vouched_for_and_save_mels_makes_its_lin
     damaged = out / "mels" / "000002.npy"
     damaged.write_bytes(damaged.read_bytes()[:-8])       # cut short by hand
     result = synth(corpus, out, tiny_checkpoints)
-    assert result.exit_code == 0 and "5 reused" in result.output, result.output
+    assert result.exit_code == 0 and "nothing to do: 6 lines: 5 ok, 1 skipped; 5 reused" in result.output, result.output
     assert [r["mel_filepath"] for r in manifest(out)[:3]] == [None, None, "mels/000003.npy"]
     result = synth(corpus, out, tiny_checkpoints, "--save-mels")
     assert result.exit_code == 0 and "3 reused" in result.output, result.output

@@ -37,6 +37,7 @@ import torch
 from tts_cli import distributed
 from tts_cli import text as frontend
 from tts_cli.config import Settings, load_settings
+from tts_cli.corpus import read_corpus
 from tts_cli.distributed import Group
 from tts_cli.engine import PRECISIONS, Engine, Job, resolve_device, resolve_precision
 from tts_cli.pipeline import RunSummary, synthesize_corpus
@@ -48,9 +49,16 @@ FRAMES_PER_SYMBOL = 5.7
 SAMPLE_CORPUS = Path(__file__).parent / "data" / "ljspeech_2000.psv"
 
 
-def random_models(seed: int = 0) -> tuple[Tacotron2, WaveGlow]:
+def random_models(device: torch.device, seed: int = 0) -> tuple[Tacotron2, WaveGlow]:
     """Full-size models with PyTorch's default initialisation; the 1x1
-    convolutions are random rotations (invertible), as WaveGlow initialises them."""
+    convolutions are random rotations (invertible), as WaveGlow initialises
+    them. For a GPU only: refused on CPU, where the bench's 2,000 lines would
+    take hours and its figures (GPU busy, TFLOP/s) mean nothing."""
+    if device.type != "cuda":
+        raise ValueError("bench measures the GPU path and its figures are GPU figures; on CPU "
+                         f"({'no CUDA device here' if not torch.cuda.is_available() else '--device cpu'}) it is "
+                         "refused. To time a CPU run, synthesize a corpus with --device cpu: its summary "
+                         "gives audio seconds per second")
     torch.manual_seed(seed)
     tacotron2, waveglow = Tacotron2(TACOTRON2_DIMS).eval(), WaveGlow(WAVEGLOW_DIMS).eval()
     for conv in waveglow.convinv:
@@ -260,7 +268,7 @@ def _ready_engine(device: torch.device, dtype: torch.dtype, settings: Settings) 
     """An engine on random_models(), warmed up, and the seconds that took."""
     _sync(device)
     started = time.perf_counter()
-    engine = Engine(*random_models(), device, dtype, synthesis_settings(settings))
+    engine = Engine(*random_models(device), device, dtype, synthesis_settings(settings))
     _warm_up(engine, settings.batch_size)
     _sync(device)
     return engine, time.perf_counter() - started
@@ -302,7 +310,8 @@ class ForcedLengths:
 def _corpus_run(settings: Settings, corpus: Path, out: Path, engine: Engine,
                 group: Group | None = None) -> RunSummary:
     """The corpus end to end through the pipeline, each line's length fixed."""
-    return synthesize_corpus(settings, corpus, out, on_notice=lambda m: None, engine=ForcedLengths(engine),
+    return synthesize_corpus(settings, read_corpus(corpus, settings.format), out, on_notice=lambda m: None,
+                             engine=ForcedLengths(engine),
                              group=group)
 
 

@@ -7,6 +7,7 @@ directory that cannot be written; 130 after SIGINT, 143 after SIGTERM.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -47,8 +48,8 @@ def main():
 
 
 @main.command()
-@click.argument("corpus", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+@click.argument("corpus", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Output directory: wavs/, mels/ and manifest.jsonl go here.")
 @click.option("--recipe", default=DEFAULT_RECIPE, show_default=True,
               help="Built-in recipe name or a YAML file; options given here override it.")
@@ -91,13 +92,15 @@ def main():
               help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")
 def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **options):
-    """Synthesize every line of CORPUS into OUT/wavs/<id>.wav and OUT/manifest.jsonl."""
+    """Synthesize every line of CORPUS (- reads standard input) into
+    OUT/wavs/<id>.wav and OUT/manifest.jsonl."""
     from tts_cli.signals import StopOnSignals
 
     # Before torch is imported (seconds): from here on no signal raises, so
     # however many come, and whenever, the run ends through its own exits.
     with StopOnSignals() as signals:
-        summary, settings, group = _synth(corpus, out_dir, recipe, format_, options, signals)
+        settings, utterances = _checked(corpus, out_dir, recipe, format_, options)
+        summary, settings, group = _synth(settings, utterances, out_dir, signals)
         if not settings.quiet:
             click.echo(_summary_lines(summary, out_dir), err=True)
         # Rank 0 alone knows the whole job's outcome; under torchrun a failing
@@ -106,7 +109,41 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
         sys.exit(signals.exit_status or (EXIT_LINE_ERRORS if failed else 0))
 
 
-def _synth(corpus, out_dir, recipe, format_, options, signals):
+def _checked(corpus: Path, out_dir: Path, recipe: str, format_: str | None, options: dict):
+    """The settings and the corpus's lines, or one line and exit status 2
+    for a bad option, recipe, path or corpus: all of it before torch is
+    imported, so a mistake is reported at once."""
+    from tts_cli.corpus import STDIN, CorpusError, format_hint, read_corpus
+
+    try:
+        settings = load_settings(recipe, {"format": format_, **options})
+    except ConfigError as e:
+        fatal(str(e))
+    for kind in ("tacotron2", "waveglow"):
+        path = getattr(settings, kind)
+        if path is not None and not Path(path).is_file():
+            problem = "is a directory; give the checkpoint file" if Path(path).is_dir() else "no such file"
+            fatal(f"{kind} checkpoint {path}: {problem}")
+    if out_dir.exists() and not out_dir.is_dir():
+        fatal(f"-o {out_dir}: is a file; give a directory for the WAVs and the manifest")
+    if str(corpus) == STDIN and _under_torchrun():
+        fatal("a corpus on standard input cannot be shared by torchrun's processes; save it to a file "
+              "and pass its path")
+    try:
+        utterances = read_corpus(corpus, settings.format)
+    except CorpusError as e:
+        fatal(str(e))
+    hint = format_hint(corpus, utterances, settings.format)
+    if hint is not None and not settings.quiet and os.environ.get("RANK", "0") == "0":
+        click.echo(f"tts-batch: warning: {hint}", err=True)
+    return settings, utterances
+
+
+def _under_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _synth(settings, utterances, out_dir, signals):
     """The run, or its end: one line and the exit status for a usage or
     output error (2) and for a signal (130, 143)."""
     # torch loads only when needed
@@ -114,16 +151,15 @@ def _synth(corpus, out_dir, recipe, format_, options, signals):
     from tts_cli.pipeline import FatalError, Interrupted, synthesize_corpus
 
     try:
-        settings = load_settings(recipe, {"format": format_, **options})
         group = distributed.from_environment()
         if group is not None:
             settings = _for_rank(settings, group)
-    except (ConfigError, distributed.GroupError) as e:
+    except distributed.GroupError as e:
         fatal(str(e))
     echo = (lambda message: None) if settings.quiet else (lambda message: click.echo(message, err=True))
     try:
         with distributed.joined(group, settings.device):
-            summary = synthesize_corpus(settings, corpus, out_dir, on_notice=echo, group=group,
+            summary = synthesize_corpus(settings, utterances, out_dir, on_notice=echo, group=group,
                                         signals=signals)
     except (FatalError, distributed.GroupError) as e:
         fatal(str(e))
@@ -153,15 +189,31 @@ def _stopped(e, group) -> None:
                f"{e.saved} is saved; {_resume_hint(group)}", err=True)
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 line``, ``2 lines``, ``1,000 lines``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _summary_lines(summary, out_dir: Path) -> str:
-    counts = ", ".join(f"{n} {status}" for status, n in summary.counts.items() if n)
-    clipped = f"; {summary.clipped_samples} samples clipped" if summary.clipped_samples else ""
+    manifest = out_dir / "manifest.jsonl"
+    if not summary.rows:
+        return f"the corpus has no lines: nothing to do; manifest: {manifest}"
     seed = f"seed {summary.seed}" + (f" ({summary.seed_source})" if summary.seed_source != "given" else "")
-    return (f"{len(summary.rows)} lines: {counts}; {summary.reused} reused from an earlier run{clipped}\n"
-            f"{summary.audio_seconds:.1f} s of audio in {summary.wall_seconds:.1f} s "
+    if summary.made == 0:
+        return (f"nothing to do: {_counts(summary)}; {summary.reused:,} reused from an earlier run "
+                f"({summary.audio_seconds:.1f} s of audio); {seed}; manifest: {manifest}")
+    clipped = f"; {plural(summary.clipped_samples, 'sample')} clipped" if summary.clipped_samples else ""
+    return (f"{_counts(summary)}; {summary.reused:,} reused from an earlier run{clipped}\n"
+            f"{summary.made_seconds:.1f} s of audio made in {summary.wall_seconds:.1f} s "
             f"({summary.speed:.1f} audio seconds per second{_per_process(summary)}; "
             f"model load {summary.load_seconds:.1f} s); "
-            f"{seed}; manifest: {out_dir / 'manifest.jsonl'}")
+            f"{seed}; manifest: {manifest}")
+
+
+def _counts(summary) -> str:
+    """``5 lines: 4 ok, 1 skipped``."""
+    by_status = ", ".join(f"{n:,} {status}" for status, n in summary.counts.items() if n)
+    return f"{plural(len(summary.rows), 'line')}: {by_status}"
 
 
 def _per_process(summary) -> str:

@@ -7,6 +7,7 @@ keys and out-of-range values are errors that name the recipe file.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from importlib import resources
@@ -53,7 +54,16 @@ class DecodeSettings:
 
 
 class ConfigError(ValueError):
-    """A bad recipe or option; the message is one line."""
+    """A bad recipe or option; the message is one line. ``setting``: the
+    setting at fault, where one is."""
+
+    def __init__(self, message: str, setting: str | None = None):
+        super().__init__(message)
+        self.setting = setting
+
+
+# What --device accepts; whether the device exists is checked when torch is loaded.
+DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -81,29 +91,35 @@ class Settings:
     quiet: bool = False                 # no progress bar or summary
 
     def __post_init__(self):
-        for problem in _problems(self):
-            raise ConfigError(problem)
+        for setting, problem in _problems(self):
+            raise ConfigError(problem, setting)
 
 
-def _problems(s: Settings):
+def _problems(s: Settings) -> list[tuple[str, str]]:
+    """(setting, message) for each setting out of range."""
     checks = [
-        (s.sample_rate > 0, "sample_rate must be positive"),
-        (s.sigma >= 0, "sigma must be >= 0"),
-        (s.denoiser_strength is None or s.denoiser_strength >= 0, "denoiser_strength must be >= 0"),
-        (s.max_decoder_steps >= 1, "max_decoder_steps must be >= 1"),
-        (0 < s.gate_threshold < 1, "gate_threshold must be between 0 and 1"),
-        (0 <= s.prenet_dropout < 1, "prenet_dropout must be in [0, 1)"),
-        (s.batch_size is None or s.batch_size >= 1, "batch_size must be >= 1"),
-        (s.seed is None or s.seed >= 0, "seed must be >= 0"),
-        (s.max_symbols_per_piece >= 0, "max_symbols_per_piece must be >= 0 (0 disables splitting)"),
-        (0 <= s.piece_pause <= 10, "piece_pause must be between 0 and 10 seconds"),
-        (s.waveglow_memory is None or s.waveglow_memory > 0, "waveglow_memory must be > 0"),
-        (s.sample_format in SAMPLE_FORMATS, f"sample_format must be one of {', '.join(SAMPLE_FORMATS)}"),
-        (s.format in CORPUS_FORMATS, f"format must be one of {', '.join(CORPUS_FORMATS)}"),
-        (s.precision is None or s.precision in PRECISION_NAMES,
+        ("device", s.device is None or DEVICE_NAME.fullmatch(s.device),
+         f"device must be cpu, cuda or cuda:N, not {s.device!r}"),
+        ("sample_rate", s.sample_rate > 0, "sample_rate must be positive"),
+        ("sigma", s.sigma >= 0, "sigma must be >= 0"),
+        ("denoiser_strength", s.denoiser_strength is None or s.denoiser_strength >= 0,
+         "denoiser_strength must be >= 0"),
+        ("max_decoder_steps", s.max_decoder_steps >= 1, "max_decoder_steps must be >= 1"),
+        ("gate_threshold", 0 < s.gate_threshold < 1, "gate_threshold must be between 0 and 1"),
+        ("prenet_dropout", 0 <= s.prenet_dropout < 1, "prenet_dropout must be in [0, 1)"),
+        ("batch_size", s.batch_size is None or s.batch_size >= 1, "batch_size must be >= 1"),
+        ("seed", s.seed is None or s.seed >= 0, "seed must be >= 0"),
+        ("max_symbols_per_piece", s.max_symbols_per_piece >= 0,
+         "max_symbols_per_piece must be >= 0 (0 disables splitting)"),
+        ("piece_pause", 0 <= s.piece_pause <= 10, "piece_pause must be between 0 and 10 seconds"),
+        ("waveglow_memory", s.waveglow_memory is None or s.waveglow_memory > 0, "waveglow_memory must be > 0"),
+        ("sample_format", s.sample_format in SAMPLE_FORMATS,
+         f"sample_format must be one of {', '.join(SAMPLE_FORMATS)}"),
+        ("format", s.format in CORPUS_FORMATS, f"format must be one of {', '.join(CORPUS_FORMATS)}"),
+        ("precision", s.precision is None or s.precision in PRECISION_NAMES,
          f"precision must be one of {', '.join(PRECISION_NAMES)}"),
     ]
-    return [message for ok, message in checks if not ok]
+    return [(setting, message) for setting, ok, message in checks if not ok]
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
@@ -165,11 +181,14 @@ def load_settings(recipe: str = DEFAULT_RECIPE, overrides: dict[str, Any] | None
                           f"known: {', '.join(FIELDS)}")
     for key, value in values.items():
         _check_type(where, key, value)
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    values.update(given)
     try:
         return Settings(**values)
     except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
+        if e.setting in given:   # an option: name it as typed
+            raise ConfigError(f"--{e.setting.replace('_', '-')}: {e}", e.setting) from None
+        raise ConfigError(f"{where}: {e}", e.setting) from None
 
 
 def _check_type(where: str, key: str, value: Any) -> None:

@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 FORMATS = ("plain", "ljspeech", "tsv")
+
+# The corpus path that means standard input.
+STDIN = "-"
 
 # The id becomes an output file stem, so it must not contain path separators,
 # must not start with '.' or '-' (hidden files, command-line options) and must
@@ -104,7 +108,7 @@ def format_hint(path: str | os.PathLike, utterances: list[Utterance], fmt: str) 
     for name, (separator, _, layout) in _SEPARATORS.items():
         with_ids = sum(1 for text in texts if _starts_with_id(text, separator.decode()))
         if with_ids >= max(_HINT_MIN_LINES, _HINT_SHARE * len(texts)):
-            return (f"{os.fspath(path)}: {with_ids} of its {len(texts)} lines with text look like '{layout}', but "
+            return (f"{corpus_name(path)}: {with_ids} of its {len(texts)} lines with text look like '{layout}', but "
                     f"--format plain speaks each whole line; pass --format {name} if those are ids")
     return None
 
@@ -131,19 +135,26 @@ def _split_physical_lines(data: bytes) -> list[bytes]:
     return data.splitlines()
 
 
+def corpus_name(path: str | os.PathLike) -> str:
+    """How messages name the corpus."""
+    return "<stdin>" if os.fspath(path) == STDIN else os.fspath(path)
+
+
 def _read_bytes(path: str | os.PathLike) -> bytes:
     """Read the whole corpus file, turning OS errors into one-line CorpusErrors."""
     try:
+        if os.fspath(path) == STDIN:
+            return sys.stdin.buffer.read()
         with open(path, "rb") as corpus_file:
             return corpus_file.read()
     except FileNotFoundError:
-        raise CorpusError(f"{os.fspath(path)}: no such file; check the corpus path") from None
+        raise CorpusError(f"{corpus_name(path)}: no such file; check the corpus path") from None
     except IsADirectoryError:
-        raise CorpusError(f"{os.fspath(path)}: is a directory; pass the corpus text file itself") from None
+        raise CorpusError(f"{corpus_name(path)}: is a directory; pass the corpus text file itself") from None
     except PermissionError:
-        raise CorpusError(f"{os.fspath(path)}: permission denied; make the file readable") from None
+        raise CorpusError(f"{corpus_name(path)}: permission denied; make the file readable") from None
     except OSError as error:
-        raise CorpusError(f"{os.fspath(path)}: cannot read ({error.strerror or error}); check the file") from None
+        raise CorpusError(f"{corpus_name(path)}: cannot read ({error.strerror or error}); check the file") from None
 
 
 def _placeholder_id(line: int, width: int) -> str:
@@ -227,7 +238,7 @@ def _check_ids(parsed: list[tuple[Utterance, bool]], path: str | os.PathLike) ->
     Windows) 'LJ001' and 'lj001' would write the same file and one would
     silently overwrite the other.
     """
-    name = os.fspath(path)
+    name = corpus_name(path)
     first_seen: dict[str, tuple[Utterance, bool]] = {}
     for utterance, is_placeholder in parsed:
         if not is_placeholder:

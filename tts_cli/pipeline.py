@@ -18,7 +18,7 @@ from tqdm import tqdm
 from tts_cli import distributed, output_lock, resume
 from tts_cli.audio import atomic_write, write_mel, write_wav
 from tts_cli.config import BATCH_SIZES, Settings
-from tts_cli.corpus import CorpusError, Utterance, format_hint, read_corpus
+from tts_cli.corpus import Utterance
 from tts_cli.distributed import Group, GroupError
 from tts_cli.engine import Engine, Job, Result, SynthesisError
 from tts_cli.errors import FatalError, OutputError, cannot_write, first_line
@@ -59,22 +59,28 @@ class RunSummary:
     seed_source: str = "given"    # given, random, or "from the existing manifest"
     reused_seconds: float = 0.0   # audio of the reused lines, not made by this run
     processes: int = 1            # torchrun processes that shared the work
+    made: int = 0                 # lines this run set out to synthesize (the whole job's)
+
+    @property
+    def made_seconds(self) -> float:
+        """Audio seconds made by this run (reused lines' not counted)."""
+        return max(self.audio_seconds - self.reused_seconds, 0.0)
 
     @property
     def speed(self) -> float:
         """Audio seconds made by this run per wall second."""
-        made = max(self.audio_seconds - self.reused_seconds, 0.0)
-        return made / self.wall_seconds if self.wall_seconds > 0 else 0.0
+        return self.made_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
-def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice=print,
+def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice=print,
                       engine: Engine | None = None,
                       group: Group | None = None,
                       signals: StopOnSignals | None = None) -> RunSummary:
-    """Synthesize every line of ``corpus`` into ``out_dir``, reusing the WAVs an
-    earlier run left there when their resume key matches. Problems with single
-    lines become manifest rows; problems with the whole run raise FatalError;
-    SIGINT/SIGTERM raise Interrupted once the manifest is saved.
+    """Synthesize every line of a corpus (``corpus.read_corpus``) into
+    ``out_dir``, reusing the WAVs an earlier run left there when their resume
+    key matches. Problems with single lines become manifest rows; problems
+    with the whole run raise FatalError; SIGINT/SIGTERM raise Interrupted
+    once the manifest is saved.
 
     Under torchrun (``group``, see distributed.py) every process plans the
     whole corpus alike, synthesizes its share of the lines left to do, keeps
@@ -88,13 +94,6 @@ def synthesize_corpus(settings: Settings, corpus: Path, out_dir: Path, on_notice
     installs them before anything else); without them the run installs its
     own for its duration (signals.py says what each signal does)."""
     with contextlib.nullcontext(signals) if signals else StopOnSignals() as signals:
-        try:
-            utterances = read_corpus(corpus, settings.format)
-        except CorpusError as e:
-            raise FatalError(str(e)) from None
-        hint = format_hint(corpus, utterances, settings.format)
-        if hint is not None:
-            on_notice(hint)
         with output_lock.held(out_dir, group):
             return _synthesize(settings, utterances, out_dir, on_notice, engine,
                                group, signals)
@@ -148,7 +147,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                          wall_seconds=time.perf_counter() - started, load_seconds=load_seconds,
                          seed=seed, notices=notices, reused=len(reused_rows), seed_source=seed_source,
                          reused_seconds=sum(row.duration for row in reused_rows),
-                         processes=group.world if group else 1)
+                         processes=group.world if group else 1, made=len(pending))
     if signals.received is not None:
         raise Interrupted(signals.received, summary, checkpoint.path, *checkpoint.progress())
     return summary
