@@ -5,7 +5,9 @@ The checkpoint folders are replaced by temporary ones, so these tests do not
 depend on what the source tree's checkpoints/ holds."""
 import shutil
 
+import numpy as np
 import pytest
+import soundfile as sf
 from click.testing import CliRunner
 
 from checkpoint_files import write_ngc_tacotron2, write_ngc_waveglow
@@ -194,3 +196,32 @@ def test_the_demo_voice_runs_without_the_denoiser_unless_one_is_asked_for(workdi
     assert strength(tacotron2=given["tacotron2"]) == 0.01, "NVIDIA's WaveGlow behind the demo Tacotron2"
     assert strength() == 0.01, "NVIDIA's voice keeps the reference's denoiser"
     assert strength(denoiser_strength=0.0) == 0.0
+
+
+@pytest.fixture(scope="session")
+def silent_waveglow(tmp_path_factory):
+    """(tacotron2, waveglow) whose WaveGlow makes silence from silence, as
+    the demo voice's does: at sigma 0 its output is zero for any mel (its
+    ``end`` layers are zero), so its bias spectrum, the denoiser's, is zero."""
+    folder = tmp_path_factory.mktemp("silent")
+    waveglow = tiny_waveglow(seed=9)
+    for flow in waveglow.WN:
+        flow.end.weight.data.zero_()
+        flow.end.bias.data.zero_()
+    write_ngc_tacotron2(folder / "t.pt", canonical(tiny_tacotron2(seed=9)))
+    write_ngc_waveglow(folder / "w.pt", canonical(waveglow))
+    return ("--tacotron2", str(folder / "t.pt"), "--waveglow", str(folder / "w.pt"))
+
+
+def test_a_denoiser_that_cannot_act_says_so_in_one_line_and_leaves_the_audio(workdir, silent_waveglow):
+    said = lambda result: [line for line in result.output.splitlines() if "denoiser" in line]
+    result = synth(*silent_waveglow, "--denoiser-strength", "0.05")
+    assert result.exit_code == 0, result.output
+    assert said(result) == [
+        "denoiser strength 0.05 has no effect with this WaveGlow: its output for an all-zero mel, "
+        "the bias the denoiser removes, is silence; running without the denoiser"]
+    none = synth(*silent_waveglow, "--denoiser-strength", "0", out="none")
+    assert none.exit_code == 0 and said(none) == []
+    for name in mtimes(workdir / "out"):
+        mine = sf.read(workdir / "out" / "wavs" / name, dtype="int16")[0]
+        assert np.array_equal(mine, sf.read(workdir / "none" / "wavs" / name, dtype="int16")[0]), name
