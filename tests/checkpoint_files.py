@@ -32,6 +32,8 @@ from unittest import mock
 import torch
 from torch import nn
 
+from tts_cli.checkpoints import VOICE_ENTRY
+
 # --------------------------------------------------------------------------
 # Small canonical dicts
 
@@ -243,9 +245,14 @@ def write_ngc_tacotron2(path, sd: dict, fp16: bool = False) -> None:
 # Generic writers
 
 
-def write_bare_state_dict(path, sd: dict, legacy: bool = False) -> None:
-    """torch.save(model.state_dict()) with nothing around it (saved on CPU)."""
-    _save(OrderedDict(sd), path, legacy, device="cpu")
+def write_bare_state_dict(path, sd: dict, legacy: bool = False, voice=None) -> None:
+    """torch.save(model.state_dict()) with nothing around it (saved on CPU);
+    ``voice``: a voice entry (VOICE_ENTRY) beside the tensors."""
+    _save(OrderedDict(sd, **_voice(voice)), path, legacy, device="cpu")
+
+
+def _voice(entry) -> dict:
+    return {} if entry is None else {VOICE_ENTRY: entry}
 
 
 def write_state_dict_under_model(path, sd: dict) -> None:
@@ -257,8 +264,9 @@ def write_state_dict_under_model(path, sd: dict) -> None:
 # WaveGlow writers
 
 
-def write_ngc_waveglow(path, sd: dict, fp16: bool = False) -> None:
-    """DeepLearningExamples / NGC WaveGlow: per-layer cond_layers, weight norm, module."""
+def write_ngc_waveglow(path, sd: dict, fp16: bool = False, voice=None) -> None:
+    """DeepLearningExamples / NGC WaveGlow: per-layer cond_layers, weight norm,
+    module.; ``voice``: a voice entry (VOICE_ENTRY), as the demo voice's recipe writes."""
     state = _maybe_half(waveglow_weight_norm_state_dict(sd, per_layer_cond=True), fp16)
     n_group = sd["convinv.0.conv.weight"].shape[0]
     config = {"n_mel_channels": sd["upsample.weight"].shape[0], "n_flows": _n_flows(sd),
@@ -267,7 +275,7 @@ def write_ngc_waveglow(path, sd: dict, fp16: bool = False) -> None:
                             sd["WN.0.in_layers.0.weight"].shape[2],
                             "n_channels": sd["WN.0.start.weight"].shape[0]}}
     _save({"epoch": 1000, "config": config,
-           "state_dict": OrderedDict(("module." + k, v) for k, v in state.items())}, path)
+           "state_dict": OrderedDict(("module." + k, v) for k, v in state.items()), **_voice(voice)}, path)
 
 
 class _OldTorchBackend:

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import checkpoint_files as cf
-from tts_cli.checkpoints import (CheckpointError, file_digest, load_tacotron2_weights,
-                                 load_waveglow_weights)
+from tts_cli.checkpoints import (VOICE_ENTRY, CheckpointError, VoiceInfo, file_digest, load_tacotron2_weights,
+                                 load_waveglow_weights, read_voice_info, voice_entry)
 
 FP16_TOL = 2e-3  # relative; fp16 keeps ~11 bits
 
@@ -307,6 +307,79 @@ def test_torchscript_archive_is_explained(tmp_path):
     path = tmp_path / "scripted.pt"
     torch.jit.script(torch.nn.Linear(2, 2)).save(str(path))
     assert "TorchScript" in load_error(load_tacotron2_weights, path)
+
+
+# --------------------------------------------------------------------------
+# The voice entry: a WaveGlow file's own name, sample rate and denoiser strength
+
+DEMO_ENTRY = {"name": "demo", "sample_rate": 22050, "denoiser_strength": 0.0}
+
+
+@pytest.mark.parametrize("writer", [cf.write_ngc_waveglow, cf.write_bare_state_dict], ids=["ngc", "bare"])
+def test_a_voice_entry_is_read_and_leaves_the_weights_alone(tmp_path, waveglow_sd, writer):
+    path = tmp_path / "any name.pt"
+    writer(path, waveglow_sd, voice={"name": "Ada", "sample_rate": 16000, "denoiser_strength": 1})
+    assert read_voice_info(path) == VoiceInfo(name="Ada", sample_rate=16000, denoiser_strength=1.0)
+    assert_canonical(load_waveglow_weights(path), waveglow_sd)
+    # each field may be left out: the run then uses the reference's
+    writer(path, waveglow_sd, voice={"sample_rate": 24000})
+    assert read_voice_info(path) == VoiceInfo(sample_rate=24000)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "pre-1.6"])
+def test_published_files_carry_no_voice_entry(tmp_path, tacotron2_sd, waveglow_sd, legacy):
+    waveglow, tacotron2 = tmp_path / "waveglow.pt", tmp_path / "tacotron2.pt"
+    cf.write_pickled_waveglow(waveglow, waveglow_sd, legacy=legacy)
+    cf.write_nvidia_tacotron2(tacotron2, tacotron2_sd, legacy=legacy)
+    assert read_voice_info(waveglow) == VoiceInfo() == read_voice_info(tacotron2)
+
+
+def test_voice_entry_writes_what_read_voice_info_reads(tmp_path, waveglow_sd):
+    info = VoiceInfo(name="demo", sample_rate=22050, denoiser_strength=0.0)
+    assert voice_entry(info) == {VOICE_ENTRY: DEMO_ENTRY}
+    path = tmp_path / "wg.pt"
+    torch.save({"state_dict": waveglow_sd, **voice_entry(info)}, path)
+    assert read_voice_info(path) == info
+    with pytest.raises(CheckpointError, match="sample_rate"):
+        voice_entry(VoiceInfo(sample_rate=22050.0))
+
+
+@pytest.mark.parametrize("entry, names", [
+    ("demo", "must be a mapping"),
+    ([22050, 0.0], "must be a mapping"),
+    ({"rate": 22050}, "unknown key(s) 'rate'"),
+    ({**DEMO_ENTRY, 7: 1}, "unknown key(s) 7"),
+    ({"name": ""}, "name must be"),
+    ({"name": "two\nlines"}, "name must be"),
+    ({"name": 3}, "name must be"),
+    ({"name": "x" * 101}, "name must be"),
+    ({"sample_rate": "22050"}, "sample_rate must be"),
+    ({"sample_rate": 22050.0}, "sample_rate must be"),
+    ({"sample_rate": True}, "sample_rate must be"),
+    ({"sample_rate": 0}, "sample_rate must be"),
+    ({"sample_rate": 10 ** 30}, "sample_rate must be"),
+    ({"sample_rate": torch.tensor(22050)}, "sample_rate must be"),
+    ({"denoiser_strength": -0.01}, "denoiser_strength must be"),
+    ({"denoiser_strength": float("nan")}, "denoiser_strength must be"),
+    ({"denoiser_strength": float("inf")}, "denoiser_strength must be"),
+    ({"denoiser_strength": 10 ** 400}, "denoiser_strength must be"),
+    ({"denoiser_strength": "0.01"}, "denoiser_strength must be"),
+    ({"denoiser_strength": False}, "denoiser_strength must be"),
+])
+def test_a_wrong_voice_entry_is_one_line_naming_the_file_and_the_fix(tmp_path, waveglow_sd, entry, names):
+    path = tmp_path / "mine.pt"
+    cf.write_ngc_waveglow(path, waveglow_sd, voice=entry)
+    message = load_error(read_voice_info, path)
+    assert names in message and VOICE_ENTRY in message and "fix or remove" in message
+    assert len(message) < 400
+
+
+def test_code_in_a_voice_entry_is_refused_not_run(tmp_path):
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "evil.pt"
+    torch.save({"state_dict": {}, VOICE_ENTRY: {"name": _RunsShell(marker)}}, path)
+    assert "refused" in load_error(read_voice_info, path)
+    assert not marker.exists()
 
 
 # --------------------------------------------------------------------------

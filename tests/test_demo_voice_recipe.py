@@ -32,6 +32,8 @@ from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode  # noqa: E402
 from tts_cli.waveglow import WaveGlow  # noqa: E402
 
 SR = 22050
+# What every demo WaveGlow export says about its voice (common.DEMO_VOICE).
+DEMO_VOICE = checkpoints.VoiceInfo(name="demo", sample_rate=SR, denoiser_strength=0.0)
 
 # --------------------------------------------------------------------------
 # Mel features
@@ -581,6 +583,7 @@ def test_waveglow_trains_resumes_and_exports_a_loadable_vocoder(tone_data, tmp_p
     log = _log(out)
     assert {"event": "resumed", "step": 2, "objective": objective} in log
     assert torch.load(out / "demo_waveglow.pt", weights_only=True)["config"]["demo_voice_objective"] == objective
+    assert checkpoints.read_voice_info(out / "demo_waveglow.pt") == DEMO_VOICE
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in log if "loss" in r)
     # Each run ends with a copy-synthesis check of a held-out clip.
@@ -1006,6 +1009,15 @@ def test_the_constructed_waveglow_suppresses_its_noise_and_stays_silent_in_silen
     assert float((one - other).pow(2).mean().sqrt()) < 0.004
     assert float((one - other).pow(2).mean() / one.pow(2).mean()) < 3e-3
     assert float(silent.pow(2).mean().sqrt()) < 0.01 * float(one.pow(2).mean().sqrt())
+
+
+def test_the_constructed_waveglow_carries_the_demo_voice_and_leaves_the_denoiser_nothing(tmp_path):
+    # Its carriers scale with the mel: the denoiser's probe, an all-zero mel
+    # at sigma 0, gives silence, so its bias spectrum is zero; the export
+    # says to run it without the denoiser.
+    model = _constructed(tmp_path)
+    assert checkpoints.read_voice_info(tmp_path / "demo_waveglow.pt") == DEMO_VOICE
+    assert not waveglow_module.Denoiser.for_model(model, torch.float32).bias_magnitude.any()
 
 
 def test_the_constructed_waveglow_is_a_monotone_voice_locked_to_the_frames(tmp_path):

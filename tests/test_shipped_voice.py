@@ -15,8 +15,11 @@ import torch
 from click.testing import CliRunner
 
 from outputs import manifest
+from tts_cli.checkpoints import VoiceInfo, read_voice_info
 from tts_cli.cli import main
-from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES
+from tts_cli.config import Settings
+from tts_cli.resume import audio_identity
+from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, make_engine, resolve_voice
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints"
 LINES = ["The demo voice speaks at once, with no download.", "It cost $3.50 in 1963."]
@@ -59,6 +62,33 @@ def test_with_no_checkpoint_options_the_shipped_demo_voice_speaks(fresh_run):
         # speech comes and goes: 20 ms frames vary in level, unlike steady noise or a hum
         frames = audio[: len(audio) // 441 * 441].view(-1, 441).pow(2).mean(1).sqrt()
         assert frames.std() > 0.3 * frames.mean(), row["id"]
+
+
+def test_the_demo_waveglow_carries_the_demo_voices_settings():
+    assert read_voice_info(SHIPPED / DEMO_FILES["waveglow"]) == VoiceInfo(
+        name="demo", sample_rate=22050, denoiser_strength=0.0)
+
+
+def test_a_renamed_copy_of_the_demo_voice_is_the_same_voice(fresh_run):
+    copies = {}
+    for kind, name in DEMO_FILES.items():
+        copies[kind] = str(fresh_run / f"{kind}-copy.pt")
+        shutil.copy(SHIPPED / name, copies[kind])
+    original = resolve_voice(Settings(device="cpu"))
+    copy = resolve_voice(Settings(device="cpu", **copies))
+    assert original.files.demo and not copy.files.demo
+    assert (copy.name, copy.sample_rate, copy.denoiser_strength) == ("demo", 22050, 0.0)
+    assert audio_identity(Settings(), copy) == audio_identity(Settings(), original)
+
+
+def test_a_denoiser_asked_of_the_demo_voice_says_in_one_line_that_it_cannot_act(fresh_run):
+    # The demo WaveGlow's carriers scale with the mel: an all-zero mel, the
+    # denoiser's probe, gives silence, so there is no bias to subtract.
+    notices = []
+    engine = make_engine(Settings(device="cpu", denoiser_strength=0.05), notices)
+    assert engine.denoiser is None
+    said = [line for line in notices if "denoiser" in line]
+    assert len(said) == 1 and said[0].startswith("denoiser strength 0.05 has no effect with this WaveGlow")
 
 
 def test_a_wheel_carries_the_demo_voice_and_its_install_speaks_with_it(tmp_path):

@@ -1,11 +1,15 @@
 """Which voice a run uses when no checkpoint is given: NVIDIA's published
-files when both are there, else the demo voice, with one notice line.
+files when both are there, else the demo voice, with one notice line; and the
+settings a voice carries in its WaveGlow file (name, sample rate, denoiser
+strength), which go wherever the file goes.
 
 The checkpoint folders are replaced by temporary ones, so these tests do not
 depend on what the source tree's checkpoints/ holds."""
 import shutil
 
+import numpy as np
 import pytest
+import soundfile as sf
 from click.testing import CliRunner
 
 from checkpoint_files import write_ngc_tacotron2, write_ngc_waveglow
@@ -14,6 +18,7 @@ from tiny_models import canonical, tiny_tacotron2, tiny_waveglow
 from tts_cli.checkpoints import file_digest
 from tts_cli.cli import main
 from tts_cli.config import Settings
+from tts_cli.resume import audio_identity
 from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, choose_voice, make_engine, resolve_voice
 
 NOTICE = ("using the demo voice (checkpoints/demo_*.pt; robotic, for trying the tool): "
@@ -21,12 +26,17 @@ NOTICE = ("using the demo voice (checkpoints/demo_*.pt; robotic, for trying the 
           "in checkpoints/ (see checkpoints/README.md)")
 
 
+DEMO_VOICE = {"name": "demo", "sample_rate": 22050, "denoiser_strength": 0.0}
+
+
 @pytest.fixture(scope="session")
 def demo_files(tmp_path_factory):
-    """The demo voice's two files as the recipe exports them: NGC layout, fp16."""
+    """The demo voice's two files as the recipe exports them: NGC layout,
+    fp16, the WaveGlow carrying the voice's settings."""
     folder = tmp_path_factory.mktemp("demo")
     write_ngc_tacotron2(folder / DEMO_FILES["tacotron2"], canonical(tiny_tacotron2(seed=7)), fp16=True)
-    write_ngc_waveglow(folder / DEMO_FILES["waveglow"], canonical(tiny_waveglow(seed=7)), fp16=True)
+    write_ngc_waveglow(folder / DEMO_FILES["waveglow"], canonical(tiny_waveglow(seed=7)), fp16=True,
+                       voice=DEMO_VOICE)
     return folder
 
 
@@ -179,18 +189,124 @@ def test_switching_from_the_demo_voice_to_nvidias_redoes_every_line(workdir, dem
     assert all(new != old for new, old in zip([r["key"] for r in manifest(workdir / "out")], keys))
 
 
-def test_the_demo_voice_runs_without_the_denoiser_unless_one_is_asked_for(workdir, demo_files,
-                                                                           tiny_checkpoints):
-    # An all-zero mel, the denoiser's probe, is far outside the demo WaveGlow's
-    # espeak-ng mels: subtracting its output left the demo voice near silent.
+def test_a_voice_runs_with_its_own_denoiser_strength_unless_one_is_asked_for(workdir, demo_files,
+                                                                             tiny_checkpoints):
     put(workdir, demo_files, *DEMO_FILES)
     strength = lambda **given: make_engine(Settings(device="cpu", **given), []).settings.denoiser_strength
-    assert strength() == 0.0
+    assert strength() == 0.0, "the demo WaveGlow file says 0"
     assert strength(denoiser_strength=0.02) == 0.02
     given = {kind: str(workdir / "checkpoints" / name) for kind, name in DEMO_FILES.items()}
-    assert strength(**given) == 0.0, "the demo files named on the command line are still the demo voice"
     publish(workdir, tiny_checkpoints)
     assert strength(waveglow=given["waveglow"]) == 0.0, "the demo WaveGlow behind NVIDIA's Tacotron2"
     assert strength(tacotron2=given["tacotron2"]) == 0.01, "NVIDIA's WaveGlow behind the demo Tacotron2"
     assert strength() == 0.01, "NVIDIA's voice keeps the reference's denoiser"
     assert strength(denoiser_strength=0.0) == 0.0
+
+
+def renamed_copies(demo_files, folder):
+    """The demo voice's files copied into ``folder`` under other names, as
+    --tacotron2 / --waveglow options."""
+    folder.mkdir()
+    for kind, name in DEMO_FILES.items():
+        shutil.copy(demo_files / name, folder / f"my_{kind}.ckpt")
+    return ("--tacotron2", str(folder / "my_tacotron2.ckpt"), "--waveglow", str(folder / "my_waveglow.ckpt"))
+
+
+def test_a_renamed_copy_of_the_demo_voice_keeps_its_settings_and_redoes_nothing(workdir, demo_files):
+    put(workdir, demo_files, *DEMO_FILES)
+    assert synth().exit_code == 0
+    before, keys = mtimes(workdir / "out"), [r["key"] for r in manifest(workdir / "out")]
+    copies = renamed_copies(demo_files, workdir / "elsewhere")
+    original, copy = resolve_voice(Settings(device="cpu")), resolve_voice(Settings(
+        device="cpu", tacotron2=copies[1], waveglow=copies[3]))
+    assert (copy.name, copy.sample_rate, copy.denoiser_strength) == ("demo", 22050, 0.0)
+    assert audio_identity(Settings(), copy) == audio_identity(Settings(), original)
+    result = synth(*copies)
+    assert result.exit_code == 0, result.output
+    assert "2 reused" in result.output
+    assert mtimes(workdir / "out") == before and [r["key"] for r in manifest(workdir / "out")] == keys
+
+
+def test_nvidias_files_carry_no_settings_and_get_the_reference_values(workdir, tiny_checkpoints):
+    publish(workdir, tiny_checkpoints)
+    voice = resolve_voice(Settings(device="cpu"))
+    assert (voice.name, voice.sample_rate, voice.denoiser_strength) == (
+        "waveglow_256channels_universal_v5", 22050, 0.01)
+    assert synth().exit_code == 0
+    assert {sf.info(str(p)).samplerate for p in (workdir / "out" / "wavs").iterdir()} == {22050}
+
+
+@pytest.fixture(scope="session")
+def voice_at_16k(tmp_path_factory):
+    """(tacotron2, waveglow) of a voice whose WaveGlow file says 16 kHz and no denoiser."""
+    folder = tmp_path_factory.mktemp("voice16k")
+    write_ngc_tacotron2(folder / "t.pt", canonical(tiny_tacotron2(seed=8)))
+    write_ngc_waveglow(folder / "w.pt", canonical(tiny_waveglow(seed=8)),
+                       voice={"name": "sixteen", "sample_rate": 16000, "denoiser_strength": 0.0})
+    return ("--tacotron2", str(folder / "t.pt"), "--waveglow", str(folder / "w.pt"))
+
+
+def rates(out):
+    return {sf.info(str(p)).samplerate for p in (out / "wavs").iterdir()}
+
+
+def test_the_wavs_and_the_manifest_take_the_voices_sample_rate_unless_the_run_sets_one(workdir, voice_at_16k):
+    assert synth(*voice_at_16k).exit_code == 0
+    assert rates(workdir / "out") == {16000}
+    assert all(r["duration"] == pytest.approx(r["num_samples"] / 16000, abs=1e-6) for r in manifest(workdir / "out"))
+    # The same values set by the run: the same keys, nothing redone.
+    (workdir / "same.yaml").write_text("sample_rate: 16000\ndenoiser_strength: 0.0\n")
+    again = synth(*voice_at_16k, "--recipe", "same.yaml")
+    assert again.exit_code == 0 and "2 reused" in again.output, again.output
+    # Other values set by the run win over the voice's.
+    (workdir / "other.yaml").write_text("sample_rate: 24000\n")
+    other = synth(*voice_at_16k, "--recipe", "other.yaml", "--denoiser-strength", "0.02")
+    assert other.exit_code == 0 and "0 reused" in other.output, other.output
+    assert rates(workdir / "out") == {24000}
+    assert all(r["duration"] == pytest.approx(r["num_samples"] / 24000, abs=1e-6) for r in manifest(workdir / "out"))
+    settings = Settings(device="cpu", tacotron2=voice_at_16k[1], waveglow=voice_at_16k[3],
+                        sample_rate=24000, denoiser_strength=0.02)
+    voice = resolve_voice(settings)
+    assert (voice.name, voice.sample_rate, voice.denoiser_strength) == ("sixteen", 24000, 0.02)
+    own = resolve_voice(Settings(device="cpu", tacotron2=voice_at_16k[1], waveglow=voice_at_16k[3]))
+    assert audio_identity(Settings(), own)["sample_rate"] == 16000, "the keys take the voice's rate"
+
+
+def test_a_wrong_voice_entry_ends_the_run_in_one_line_naming_the_file(workdir, tmp_path):
+    waveglow = tmp_path / "bad.pt"
+    write_ngc_waveglow(waveglow, canonical(tiny_waveglow(seed=8)), voice={"sample_rate": "22.05 kHz"})
+    write_ngc_tacotron2(tmp_path / "t.pt", canonical(tiny_tacotron2(seed=8)))
+    result = synth("--tacotron2", str(tmp_path / "t.pt"), "--waveglow", str(waveglow))
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line]
+    assert len(lines) == 1 and str(waveglow) in lines[0] and "sample_rate must be" in lines[0], lines
+    assert not (workdir / "out" / "wavs").exists()
+
+
+@pytest.fixture(scope="session")
+def silent_waveglow(tmp_path_factory):
+    """(tacotron2, waveglow) whose WaveGlow makes silence from silence, as
+    the demo voice's does: at sigma 0 its output is zero for any mel (its
+    ``end`` layers are zero), so its bias spectrum, the denoiser's, is zero."""
+    folder = tmp_path_factory.mktemp("silent")
+    waveglow = tiny_waveglow(seed=9)
+    for flow in waveglow.WN:
+        flow.end.weight.data.zero_()
+        flow.end.bias.data.zero_()
+    write_ngc_tacotron2(folder / "t.pt", canonical(tiny_tacotron2(seed=9)))
+    write_ngc_waveglow(folder / "w.pt", canonical(waveglow))
+    return ("--tacotron2", str(folder / "t.pt"), "--waveglow", str(folder / "w.pt"))
+
+
+def test_a_denoiser_that_cannot_act_says_so_in_one_line_and_leaves_the_audio(workdir, silent_waveglow):
+    said = lambda result: [line for line in result.output.splitlines() if "denoiser" in line]
+    result = synth(*silent_waveglow, "--denoiser-strength", "0.05")
+    assert result.exit_code == 0, result.output
+    assert said(result) == [
+        "denoiser strength 0.05 has no effect with this WaveGlow: its output for an all-zero mel, "
+        "the bias the denoiser removes, is silence; running without the denoiser"]
+    none = synth(*silent_waveglow, "--denoiser-strength", "0", out="none")
+    assert none.exit_code == 0 and said(none) == []
+    for name in mtimes(workdir / "out"):
+        mine = sf.read(workdir / "out" / "wavs" / name, dtype="int16")[0]
+        assert np.array_equal(mine, sf.read(workdir / "none" / "wavs" / name, dtype="int16")[0]), name

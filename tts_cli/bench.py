@@ -36,7 +36,7 @@ import torch
 
 from tts_cli import distributed
 from tts_cli import text as frontend
-from tts_cli.config import Settings, load_settings
+from tts_cli.config import REFERENCE_SAMPLE_RATE, Settings, load_settings
 from tts_cli.corpus import read_corpus
 from tts_cli.distributed import Group
 from tts_cli.engine import PRECISIONS, Engine, Job, resolve_device, resolve_precision
@@ -250,9 +250,10 @@ def _run_settings(b: BenchSettings) -> tuple[torch.device, torch.dtype, Settings
     device = resolve_device(b.device)
     dtype, _ = resolve_precision(device, b.precision)
     precision = next(name for name, d in PRECISIONS.items() if d == dtype)
+    # random_models() are NVIDIA's voice's shape: its sample rate
     settings = load_settings(overrides={"batch_size": b.batch_size, "format": b.format,
                                         "device": str(device), "precision": precision,
-                                        "quiet": True, "seed": 0})
+                                        "quiet": True, "seed": 0, "sample_rate": REFERENCE_SAMPLE_RATE})
     return device, dtype, settings
 
 

@@ -27,6 +27,15 @@ weight norm is folded into plain ``.weight`` tensors, per-layer conditioning
 convolutions are fused into ``WN.k.cond_layer``, and everything that is not a
 weight of the network (cached ``W_inverse`` and the like) is dropped.
 
+The voice's own settings
+------------------------
+A WaveGlow file may carry, beside its weights, a top-level entry
+``tts_batch_voice`` (``VOICE_ENTRY``) of plain data: the voice's ``name``,
+the ``sample_rate`` of the audio it makes and the ``denoiser_strength`` it
+runs with, each optional (``VoiceInfo``; ``voice_entry`` writes one). It
+travels with the file, so a copy under any name keeps it. NVIDIA's files
+carry none.
+
 Safety: files are read only with torch's weights-only unpickler.  Pickled
 modules are admitted through inert stand-in classes of ours that merely hold
 the pickled attributes.  Nothing the file names is imported, and nothing is
@@ -42,7 +51,10 @@ import os
 import pickle
 import pickletools
 import re
+import reprlib
+import sys
 import warnings
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -50,6 +62,10 @@ __all__ = [
     "CheckpointError",
     "load_tacotron2_weights",
     "load_waveglow_weights",
+    "VOICE_ENTRY",
+    "VoiceInfo",
+    "read_voice_info",
+    "voice_entry",
     "file_digest",
 ]
 
@@ -554,6 +570,84 @@ def load_waveglow_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     _check_waveglow(name, weights)
     kept = {k: v for k, v in weights.items() if _WAVEGLOW_KEY.fullmatch(k)}
     return _as_float32(name, kept)
+
+
+# --------------------------------------------------------------------------
+# The voice's own settings, in its WaveGlow file
+
+VOICE_ENTRY = "tts_batch_voice"
+# Sample rates a voice may state, in Hz (telephone speech to studio audio).
+VOICE_SAMPLE_RATES = range(1000, 768_001)
+
+
+@dataclass(frozen=True)
+class VoiceInfo:
+    """What a WaveGlow file's ``VOICE_ENTRY`` says; None: it does not say."""
+    name: str | None = None                 # the voice's name, shown to the user
+    sample_rate: int | None = None          # Hz of the audio the WaveGlow makes (the mels' rate)
+    denoiser_strength: float | None = None  # what a run that sets none uses; 0: no denoiser
+
+
+_VOICE_FIELDS = tuple(field.name for field in fields(VoiceInfo))
+
+
+def read_voice_info(path: str | os.PathLike) -> VoiceInfo:
+    """The voice settings that the file at ``path`` carries (an empty
+    VoiceInfo when it has no ``VOICE_ENTRY``), read as safely as its
+    weights; an entry of the wrong form is a CheckpointError."""
+    name = os.fspath(path)
+    obj = _read(name)
+    entry = obj.get(VOICE_ENTRY) if isinstance(obj, dict) else None
+    return VoiceInfo() if entry is None else _checked_voice_info(name, entry)
+
+
+def voice_entry(info: VoiceInfo) -> dict:
+    """``{VOICE_ENTRY: {...}}`` for ``info``'s stated fields, checked: what to
+    add to a checkpoint's top-level dict before torch.save."""
+    entry = {key: value for key, value in asdict(info).items() if value is not None}
+    _checked_voice_info("the voice entry", entry)
+    return {VOICE_ENTRY: entry}
+
+
+def _checked_voice_info(name: str, entry) -> VoiceInfo:
+    fix = f"fix or remove the file's {VOICE_ENTRY} entry (checkpoints/README.md)"
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{name}: {VOICE_ENTRY} must be a mapping of {', '.join(_VOICE_FIELDS)}, "
+                              f"not {_shown(entry)}; {fix}")
+    unknown = [key for key in entry if key not in _VOICE_FIELDS]
+    if unknown:
+        raise CheckpointError(f"{name}: {VOICE_ENTRY} has unknown key(s) {_listing([_shown(k) for k in unknown])} "
+                              f"(known: {', '.join(_VOICE_FIELDS)}); {fix}")
+    problem = _voice_field_problem(entry)
+    if problem:
+        raise CheckpointError(f"{name}: {VOICE_ENTRY}: {problem}; {fix}")
+    strength = entry.get("denoiser_strength")
+    return VoiceInfo(**{**entry, "denoiser_strength": None if strength is None else float(strength)})
+
+
+def _voice_field_problem(entry: dict) -> str | None:
+    voice, rate, strength = entry.get("name"), entry.get("sample_rate"), entry.get("denoiser_strength")
+    checks = [
+        (voice is None or isinstance(voice, str) and 0 < len(voice.strip()) and len(voice) <= 100
+         and voice.isprintable(),
+         f"name must be a one-line string of 1 to 100 characters, not {_shown(voice)}"),
+        (rate is None or _is_number(rate) and not isinstance(rate, float) and rate in VOICE_SAMPLE_RATES,
+         f"sample_rate must be a whole number of Hz from {VOICE_SAMPLE_RATES.start} to "
+         f"{VOICE_SAMPLE_RATES.stop - 1}, not {_shown(rate)}"),
+        # a chain of comparisons: NaN, infinities and ints too large for a float all fail it
+        (strength is None or _is_number(strength) and 0 <= strength <= sys.float_info.max,
+         f"denoiser_strength must be a number >= 0 (0: no denoiser), not {_shown(strength)}"),
+    ]
+    return next((message for ok, message in checks if not ok), None)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(value) -> str:
+    """A value from a file, short and on one line."""
+    return " ".join(reprlib.repr(value).split())
 
 
 # --------------------------------------------------------------------------

@@ -29,8 +29,10 @@ PRECISION_NAMES = ("fp32", "fp16", "bf16")
 # batches of 16 as of 32 (47-65 s against 50-56 s, three runs each on a shared
 # machine; 66 s in batches of 128), ending 6-13 s after a Ctrl-C against 12-13 s.
 BATCH_SIZES = {"cuda": 128, "cpu": 16}
-# The reference's denoiser strength (NVIDIA's inference script), the default
-# for every voice but the demo one (voice.py says why).
+# NVIDIA's published voice's sample rate and the reference's denoiser
+# strength (NVIDIA's inference script): a voice's own when its WaveGlow file
+# states none (voice.py).
+REFERENCE_SAMPLE_RATE = 22050
 REFERENCE_DENOISER_STRENGTH = 0.01
 # WaveGlow's memory when the run sets none: (share of what the device has
 # free, at most this many GiB). CUDA: half the free device memory, at most
@@ -70,7 +72,7 @@ DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
 class Settings:
     tacotron2: str | None = None        # Tacotron2 checkpoint; None: look in checkpoints/
     waveglow: str | None = None         # WaveGlow checkpoint; None: look in checkpoints/
-    sample_rate: int = 22050            # written in the WAV header; the voice's training rate
+    sample_rate: int | None = None      # written in the WAV header; None: the voice's own (voice.py)
     sigma: float = 0.666                # WaveGlow noise scale, the reference's
     denoiser_strength: float | None = None  # bias-spectrum subtraction; 0 disables it; None: the voice's own (voice.py)
     max_decoder_steps: int = DecodeSettings.max_decoder_steps   # a line that reaches it is kept, truncated
@@ -100,7 +102,7 @@ def _problems(s: Settings) -> list[tuple[str, str]]:
     checks = [
         ("device", s.device is None or DEVICE_NAME.fullmatch(s.device),
          f"device must be cpu, cuda or cuda:N, not {s.device!r}"),
-        ("sample_rate", s.sample_rate > 0, "sample_rate must be positive"),
+        ("sample_rate", s.sample_rate is None or s.sample_rate > 0, "sample_rate must be positive"),
         ("sigma", s.sigma >= 0, "sigma must be >= 0"),
         ("denoiser_strength", s.denoiser_strength is None or s.denoiser_strength >= 0,
          "denoiser_strength must be >= 0"),
@@ -130,7 +132,9 @@ UNSET_MEANS = {
                  "missing, the demo voice shipped with tts-batch",
     "waveglow": "checkpoints/waveglow_256channels_universal_v5.pt; with neither checkpoint given and "
                 "NVIDIA's files missing, the demo voice shipped with tts-batch",
-    "denoiser_strength": f"{REFERENCE_DENOISER_STRENGTH}, as the reference; 0 for the demo voice",
+    "sample_rate": f"the voice's own; {REFERENCE_SAMPLE_RATE} for NVIDIA's",
+    "denoiser_strength": f"the voice's own; {REFERENCE_DENOISER_STRENGTH} for NVIDIA's, as the reference; "
+                         "0 for the demo voice",
     "seed": "random, recorded in the manifest",
     "batch_size": f"{BATCH_SIZES['cuda']} on a GPU, {BATCH_SIZES['cpu']} on CPU",
     "device": "cuda when available",

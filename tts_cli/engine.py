@@ -216,6 +216,14 @@ class Engine:
         self.max_waveglow_rows = waveglow_rows_within(settings.waveglow_memory_gib * 2 ** 30, dims, dtype)
         self.denoiser = (Denoiser.for_model(self.waveglow, dtype)
                          if settings.denoiser_strength > 0 else None)
+        if self.denoiser is not None and not self.denoiser.bias_magnitude.any():
+            # Nothing to subtract (the demo voice's WaveGlow: its carriers scale
+            # with the mel, so a silent mel gives silence); without the denoiser
+            # the audio is the same, made without its transforms.
+            self.notices.append(f"denoiser strength {settings.denoiser_strength:g} has no effect with this "
+                                "WaveGlow: its output for an all-zero mel, the bias the denoiser removes, "
+                                "is silence; running without the denoiser")
+            self.denoiser = None
         if self.denoiser is not None and device.type == "cuda":
             self.denoiser.fft_rows = DENOISER_FFT_ROWS
 

@@ -26,7 +26,7 @@ from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_
 from tts_cli.journal import ManifestJournal
 from tts_cli.manifest import ManifestRow, summarize
 from tts_cli.signals import StopOnSignals
-from tts_cli.voice import engine_voice, load_engine, resolve_voice
+from tts_cli.voice import engine_voice, load_engine, resolve_voice, with_voice
 
 # Under torchrun, the pieces of a cut line that more than one process makes
 # go to the line's writer through files here (removed when the line is
@@ -110,6 +110,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     if group is not None:
         seed = _together(group, distributed.agree_on_seed, seed)
     voice = engine_voice(engine, settings) if engine is not None else resolve_voice(settings)
+    settings = with_voice(settings, voice)   # the WAVs' rate, the manifest's and resume's are the voice's
     identity = resume.audio_identity(settings, voice)
     rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.

@@ -34,13 +34,15 @@ REUSABLE = ("ok", "truncated")
 
 
 def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
-    """Everything besides a line's ids and seed that changes its audio."""
+    """Everything besides a line's ids and seed that changes its audio; the
+    denoiser strength and sample rate are the voice's resolved ones, decided
+    by the run's settings and the files' contents, not by their names."""
     models, device, dtype, denoiser = voice.fingerprint, voice.device, voice.dtype, voice.denoiser_strength
     return {"models": models, "device": device.type, "dtype": str(dtype),
             "sigma": settings.sigma, "denoiser_strength": denoiser,
             "max_decoder_steps": settings.max_decoder_steps,
             "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
-            "sample_rate": settings.sample_rate, "sample_format": settings.sample_format}
+            "sample_rate": voice.sample_rate, "sample_format": settings.sample_format}
 
 
 def previous_rows(out_dir: Path) -> dict[str, dict]:

@@ -17,18 +17,25 @@ and the resume keys' fingerprint both ask it, so they never disagree:
    one rather than ending the run.
 4. Neither pair complete: a run-ending error naming the first missing
    published file and where to get it.
+
+The voice's name, sample rate and denoiser strength come from its WaveGlow
+file (``voice_settings``: the entry ``checkpoints.VOICE_ENTRY`` in it, else
+the reference's values), not from where the file is or what it is called;
+the run's own ``sample_rate`` / ``denoiser_strength``, when set, win
+(``resolve_voice``).
 """
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from tts_cli.checkpoints import (CheckpointError, file_digest, load_tacotron2_weights,
-                                 load_waveglow_weights)
-from tts_cli.config import REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
+from tts_cli.checkpoints import (CheckpointError, VoiceInfo, file_digest, load_tacotron2_weights,
+                                 load_waveglow_weights, read_voice_info)
+from tts_cli.config import (REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, WAVEGLOW_MEMORY_SHARE,
+                            Settings)
 from tts_cli.engine import Engine, SynthesisSettings, resolve_device, resolve_precision
 from tts_cli.errors import FatalError, first_line
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2
@@ -49,14 +56,6 @@ DEMO_FILES = {
     "tacotron2": "demo_tacotron2.pt",
     "waveglow": "demo_waveglow.pt",
 }
-# The denoiser strength a run gets when none is set, by its WaveGlow. The
-# reference subtracts 0.01 x the spectrum of WaveGlow's output for an all-zero
-# log-mel. For the demo WaveGlow an all-zero log-mel lies far above every
-# espeak-ng mel it was trained on: its output there is ~2,000 times full
-# scale, and subtracting even 0.01 of it leaves near silence. Its own output
-# for real mels at sigma 0 is about -74 dB below full scale, so it runs
-# without the denoiser.
-DENOISER_STRENGTH = {"published": REFERENCE_DENOISER_STRENGTH, "demo": 0.0}
 
 
 @dataclass(frozen=True)
@@ -178,13 +177,15 @@ class ResolvedVoice:
     """Everything about a run's voice that decides its audio, resolved once
     per run before any model loads (a re-run with nothing left to do loads
     none): the files, their fingerprint for the resume keys, the device and
-    dtype, the denoiser strength, and the notices that go with them."""
+    dtype, the voice's name, the denoiser strength and sample rate the run
+    uses, and the notices that go with them."""
     files: Voice | None            # None: an engine the caller built (the bench)
     fingerprint: dict[str, str]    # sha256 of each file, or what stands for them
     device: torch.device
     dtype: torch.dtype
-    denoiser_strength: float
-    sample_rate: int
+    name: str                      # the WaveGlow file's voice name, else its file name's stem
+    denoiser_strength: float       # the run's setting, else the voice's
+    sample_rate: int               # Hz; the run's setting, else the voice's
     notices: tuple[str, ...] = ()
 
 
@@ -197,14 +198,41 @@ def resolve_voice(settings: Settings) -> ResolvedVoice:
     dtype, notice = resolve_precision(device, settings.precision)
     files = choose_voice(settings)
     notices = tuple(line for line in (notice, files.notice) if line)
-    return ResolvedVoice(files, model_fingerprint(files), device, dtype, denoiser_strength(settings, files),
-                         settings.sample_rate, notices)
+    own = voice_settings(files.waveglow)
+    return ResolvedVoice(files, model_fingerprint(files), device, dtype, own.name,
+                         _unless_set(settings.denoiser_strength, own.denoiser_strength),
+                         _unless_set(settings.sample_rate, own.sample_rate), notices)
+
+
+def voice_settings(waveglow: Path) -> VoiceInfo:
+    """The name, sample rate and denoiser strength of the voice whose
+    WaveGlow file is ``waveglow``: what the file states (its
+    ``checkpoints.VOICE_ENTRY``), each it leaves out the reference's
+    (NVIDIA's files state none): the file name's stem, 22050 Hz, 0.01."""
+    try:
+        own = read_voice_info(waveglow)
+    except CheckpointError as e:
+        raise FatalError(str(e)) from None
+    return VoiceInfo(name=_unless_set(own.name, waveglow.stem),
+                     sample_rate=_unless_set(own.sample_rate, REFERENCE_SAMPLE_RATE),
+                     denoiser_strength=_unless_set(own.denoiser_strength, REFERENCE_DENOISER_STRENGTH))
+
+
+def _unless_set(value, otherwise):
+    return otherwise if value is None else value
 
 
 def engine_voice(engine: Engine, settings: Settings) -> ResolvedVoice:
     """The voice of an engine the caller built (no files to hash)."""
     return ResolvedVoice(None, {"engine": "given by the caller"}, engine.device, engine.dtype,
-                         engine.settings.denoiser_strength, settings.sample_rate)
+                         "the caller's engine", engine.settings.denoiser_strength,
+                         _unless_set(settings.sample_rate, REFERENCE_SAMPLE_RATE))
+
+
+def with_voice(settings: Settings, voice: ResolvedVoice) -> Settings:
+    """``settings`` with the sample rate and denoiser strength the run uses
+    (``voice``'s) filled in: what the WAVs, the manifest and resume read."""
+    return replace(settings, sample_rate=voice.sample_rate, denoiser_strength=voice.denoiser_strength)
 
 
 def load_engine(settings: Settings, voice: ResolvedVoice) -> Engine:
@@ -232,7 +260,7 @@ def synthesis_settings(s: Settings, denoiser: float | None = None,
     decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
                             prenet_dropout=s.prenet_dropout)
     memory = s.waveglow_memory or waveglow_memory_gib(device or resolve_device(s.device))
-    strength = denoiser if denoiser is not None else denoiser_strength(s, None)
+    strength = _unless_set(denoiser, _unless_set(s.denoiser_strength, REFERENCE_DENOISER_STRENGTH))
     return SynthesisSettings(sigma=s.sigma, denoiser_strength=strength, decode=decode,
                              waveglow_memory_gib=memory, return_mels=s.save_mels)
 
@@ -265,18 +293,6 @@ def available_ram(root: Path = Path("/")) -> int | None:
         except (OSError, ValueError):   # no such file, or "max": no limit
             pass
     return min(found) if found else None
-
-
-def denoiser_strength(settings: Settings, voice: Voice | None) -> float:
-    """The run's setting, or when it is unset that of the voice's WaveGlow:
-    the demo one's wherever it was picked (fallback or named), else the
-    reference's."""
-    if settings.denoiser_strength is not None:
-        return settings.denoiser_strength
-    demo = _look_for(DEMO_FILES["waveglow"])
-    is_demo = (voice is not None and demo is not None and voice.waveglow.is_file()
-               and voice.waveglow.resolve() == demo.resolve())
-    return DENOISER_STRENGTH["demo" if is_demo else "published"]
 
 
 def model_fingerprint(files: Voice) -> dict[str, str]:

@@ -15,7 +15,18 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tts_cli.checkpoints import VoiceInfo, voice_entry
+
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+# What a demo WaveGlow export says about its voice (tts_cli.checkpoints'
+# voice entry), so that tts-batch runs it so under any file name. espeak-ng
+# writes 22,050 Hz. No denoiser: its probe, an all-zero log mel, gives
+# silence from the constructed WaveGlow (its carriers scale with the mel),
+# so there is nothing to subtract; a trained one's output there is ~2,000
+# times full scale (the probe lies far above every espeak-ng mel), and
+# subtracting even 0.01 of it left near silence. At sigma 0 its own output
+# for real mels is about -74 dB below full scale.
+DEMO_VOICE = voice_entry(VoiceInfo(name="demo", sample_rate=22050, denoiser_strength=0.0))
 
 
 def default_precision(device: str) -> str:

@@ -155,12 +155,13 @@ def calibrate(data: Path, clips: int = 20) -> float:
 
 def export(model: WaveGlow, path: Path, level: float) -> None:
     """DeepLearningExamples / NGC layout, fp16 (``module.`` names; the
-    conditioning layer fused, as ``tts_cli`` names it), deflated."""
+    conditioning layer fused, as ``tts_cli`` names it), deflated, with the
+    demo voice's settings (``common.DEMO_VOICE``)."""
     config = {**common.waveglow_config(model.dims),
               "demo_voice_construction": {"harmonics": HARMONICS, "log_s": LOG_S, "eps": EPS,
                                           "gamma": GAMMA, "level": level, "phase_seed": PHASE_SEED}}
     state = {"module." + k: v.half() for k, v in model.state_dict().items()}
-    common.save_checkpoint(path, compressed=True, epoch=0, config=config, state_dict=state)
+    common.save_checkpoint(path, compressed=True, epoch=0, config=config, state_dict=state, **common.DEMO_VOICE)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,9 @@ Two steps, so the speech recognizer need not travel to the GPU machine:
 ``synth``  the exported checkpoints, read by ``tts_cli.checkpoints`` and run
            by tts_cli's own decode / WaveGlow / denoiser with the CLI's
            defaults for the demo voice (gate 0.5, prenet dropout 0.5, at
-           most 1000 frames, sigma 0.666, no denoiser: see
-           ``tts_cli.voice.DENOISER_STRENGTH``), speak every line of ``heldout.psv`` into ``OUT/wavs``; ``OUT/synth.json`` records frames and whether the
+           most 1000 frames, sigma 0.666, the WaveGlow file's own denoiser
+           strength: none for the demo voice, see ``common.DEMO_VOICE``),
+           speak every line of ``heldout.psv`` into ``OUT/wavs``; ``OUT/synth.json`` records frames and whether the
            gate stopped each line. Runs on CUDA or CPU.
 ``vocode`` WaveGlow alone on espeak-ng's own mels of the same lines (copy
            synthesis), into the same layout as ``synth``: scored, it tells how
@@ -64,13 +65,12 @@ from mel import MelExtractor, MelSettings, band_edges, mel_filterbank, read_file
 from tts_cli import checkpoints
 from tts_cli import text as frontend
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
-from tts_cli.voice import DENOISER_STRENGTH
+from tts_cli.voice import voice_settings
 from tts_cli.waveglow import Denoiser, WaveGlow
 
 SAMPLE_RATE = 22050
 HOP = 256
 SIGMA = 0.666
-DENOISER_STRENGTH = DENOISER_STRENGTH["demo"]   # as tts-batch runs the demo voice
 DURATION_TOLERANCE = 0.25
 TARGETS = {"stop_rate": 0.98, "wer_ratio": 1.5}
 
@@ -460,8 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=20)
     p.add_argument("--max-decoder-steps", type=int, default=1000)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--denoiser-strength", type=float, default=DENOISER_STRENGTH,
-                   help="bias-spectrum subtraction after WaveGlow (0: none)")
+    p.add_argument("--denoiser-strength", type=float,
+                   help="bias-spectrum subtraction after WaveGlow (0: none; default: the --waveglow file's "
+                        "own, as tts-batch runs it)")
     p.add_argument("--sigma", type=float, default=SIGMA, help=f"WaveGlow's noise scale (default {SIGMA}, the CLI's)")
     p.add_argument("--lines", type=int, default=0, help="only the first N held-out lines (quick checks)")
     p.add_argument("--other-text", action="store_true",
@@ -470,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rendering", choices=RENDERINGS, default="griffin-lim",
                    help="render: how espeak-ng's mels become audio without a vocoder")
     args = p.parse_args(argv)
+    if args.denoiser_strength is None:
+        args.denoiser_strength = voice_settings(args.waveglow).denoiser_strength
     args.out.mkdir(parents=True, exist_ok=True)
     {"synth": synth, "vocode": vocode, "forced": forced, "attention": attention,
      "render": render, "score": score}[args.step](args)

@@ -451,13 +451,15 @@ def weights_from_export(path: Path) -> tuple[dict[str, Tensor], int, dict]:
 def export(model: WaveGlow, path: Path, step: int, objective: str) -> None:
     """DeepLearningExamples / NGC layout, fp16: {'epoch', 'config', 'state_dict'}
     with 'module.' names, weight norm as weight_g / weight_v and per-layer
-    cond_layers; tts_cli.checkpoints folds and fuses them back."""
+    cond_layers; tts_cli.checkpoints folds and fuses them back. It carries the
+    demo voice's settings (``common.DEMO_VOICE``)."""
     d = model.dims
     state = _per_layer_cond(_weight_norm_state(model), d)
     state = OrderedDict(("module." + k, v.half()) for k, v in state.items())
     config = {**common.waveglow_config(d), "sigma": SIGMA, "demo_voice_step": step,
               "demo_voice_objective": objective}
-    common.save_checkpoint(path, compressed=True, epoch=step, config=config, state_dict=state)
+    common.save_checkpoint(path, compressed=True, epoch=step, config=config, state_dict=state,
+                           **common.DEMO_VOICE)
 
 
 # --------------------------------------------------------------------------
