@@ -22,7 +22,7 @@ from tts_cli.cli import main
 from tts_cli.config import Settings
 from tts_cli.engine import Engine
 from tts_cli.errors import FatalError
-from tts_cli.voice import make_engine
+from tts_cli.loading import make_engine
 from tts_cli.waveglow import WaveGlow
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -234,3 +234,21 @@ def test_bench_on_cpu_is_refused_in_one_line():
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line and not line.startswith("bench: ")]
     assert len(lines) == 1 and "GPU figures" in lines[0] and "--device cpu" in lines[0]
+
+
+def test_the_plan_comes_first_and_a_rerun_with_nothing_to_do_never_imports_torch(tmp_path, tiny_checkpoints):
+    (tmp_path / "c.txt").write_text("Hello there.\nA second line.\n\n")
+    tacotron2, waveglow = tiny_checkpoints
+    args = ["c.txt", "-o", "out", "--tacotron2", str(tacotron2), "--waveglow", str(waveglow), "--device", "cpu",
+            "--max-decoder-steps", "12", "--seed", "1"]
+    code, stderr = without_torch(args, tmp_path)
+    assert code != 0 and stderr.startswith("running on CPU in fp32"), "no torch: the run stops at the models"
+    assert stderr.splitlines()[1] == (f"3 lines: 2 to do, 0 reused from an earlier run, 1 without audio "
+                                      f"(skipped or unreadable); {tacotron2} + {waveglow} on cpu, fp32")
+    made = subprocess.run([sys.executable, "-m", "tts_cli", *args, "--quiet"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert made.returncode == 0, made.stderr
+    code, stderr = without_torch(args, tmp_path)
+    assert code == 0, stderr
+    assert "3 lines: 0 to do, 2 reused from an earlier run, 1 without audio" in stderr
+    assert "nothing to do: 3 lines: 2 ok, 1 skipped; 2 reused from an earlier run" in stderr

@@ -5,7 +5,7 @@ import torch
 
 import checkpoint_files as files
 from tts_cli.config import Settings
-from tts_cli.voice import load_models
+from tts_cli.loading import load_models
 from tiny_models import canonical, tiny_tacotron2, tiny_waveglow
 
 TACOTRON2_WRITERS = {

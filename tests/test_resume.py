@@ -70,7 +70,7 @@ def test_nothing_left_to_do_loads_no_model(tmp_path, tiny_checkpoints, monkeypat
     out = tmp_path / "out"
     corpus = write(tmp_path, LINES)
     assert synth(corpus, out, tiny_checkpoints).exit_code == 0
-    monkeypatch.setattr("tts_cli.pipeline.load_engine", lambda *a: pytest.fail("models loaded"))
+    monkeypatch.setattr("tts_cli.loading.load_engine", lambda *a: pytest.fail("models loaded"))
     result = synth(corpus, out, tiny_checkpoints)
     assert result.exit_code == 0 and "nothing to do: 6 lines: 5 ok, 1 skipped; 5 reused" in result.output
 

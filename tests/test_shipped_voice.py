@@ -19,7 +19,8 @@ from tts_cli.checkpoints import VoiceInfo, read_voice_info
 from tts_cli.cli import main
 from tts_cli.config import Settings
 from tts_cli.resume import audio_identity
-from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, make_engine, resolve_voice
+from tts_cli.loading import make_engine, voice_settings
+from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, resolve_voice
 
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints"
 LINES = ["The demo voice speaks at once, with no download.", "It cost $3.50 in 1963."]
@@ -47,7 +48,7 @@ def fresh_run(tmp_path, monkeypatch):
 def test_with_no_checkpoint_options_the_shipped_demo_voice_speaks(fresh_run):
     result = CliRunner().invoke(main, ["corpus.txt", "-o", "out", "--device", "cpu", "--seed", "1"])
     assert result.exit_code == 0, result.output
-    notices = [line for line in result.output.splitlines() if "demo voice" in line]
+    notices = [line for line in result.output.splitlines() if "using the demo voice" in line]
     assert len(notices) == 1 and notices[0].startswith("using the demo voice ("), result.output
     rows = manifest(fresh_run / "out")
     assert [r["status"] for r in rows] == ["ok", "ok"]    # the gate stopped both
@@ -77,7 +78,8 @@ def test_a_renamed_copy_of_the_demo_voice_is_the_same_voice(fresh_run):
     original = resolve_voice(Settings(device="cpu"))
     copy = resolve_voice(Settings(device="cpu", **copies))
     assert original.files.demo and not copy.files.demo
-    assert (copy.name, copy.sample_rate, copy.denoiser_strength) == ("demo", 22050, 0.0)
+    assert voice_settings(copy.files.waveglow) == voice_settings(original.files.waveglow) == \
+        VoiceInfo("demo", 22050, 0.0)
     assert audio_identity(Settings(), copy) == audio_identity(Settings(), original)
 
 

@@ -5,7 +5,10 @@ strength), which go wherever the file goes.
 
 The checkpoint folders are replaced by temporary ones, so these tests do not
 depend on what the source tree's checkpoints/ holds."""
+import hashlib
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,11 +18,13 @@ from click.testing import CliRunner
 from checkpoint_files import write_ngc_tacotron2, write_ngc_waveglow
 from outputs import manifest, mtimes
 from tiny_models import canonical, tiny_tacotron2, tiny_waveglow
-from tts_cli.checkpoints import file_digest
 from tts_cli.cli import main
 from tts_cli.config import Settings
 from tts_cli.resume import audio_identity
-from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, choose_voice, make_engine, resolve_voice
+from tts_cli.checkpoints import VoiceInfo
+from tts_cli.errors import FatalError
+from tts_cli.loading import make_engine, voice_settings, with_voice
+from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, choose_voice, file_digest, resolve_voice
 
 NOTICE = ("using the demo voice (checkpoints/demo_*.pt; robotic, for trying the tool): "
           "for NVIDIA's voice put tacotron2_statedict.pt and waveglow_256channels_universal_v5.pt "
@@ -70,7 +75,7 @@ def synth(*extra, out="out"):
 
 
 def notices(result):
-    return [line for line in result.output.splitlines() if "demo voice" in line]
+    return [line for line in result.output.splitlines() if line.startswith("using the demo voice")]
 
 
 def test_with_nothing_published_the_demo_voice_speaks_and_says_so_once(workdir, demo_files):
@@ -219,7 +224,7 @@ def test_a_renamed_copy_of_the_demo_voice_keeps_its_settings_and_redoes_nothing(
     copies = renamed_copies(demo_files, workdir / "elsewhere")
     original, copy = resolve_voice(Settings(device="cpu")), resolve_voice(Settings(
         device="cpu", tacotron2=copies[1], waveglow=copies[3]))
-    assert (copy.name, copy.sample_rate, copy.denoiser_strength) == ("demo", 22050, 0.0)
+    assert voice_settings(Path(copies[3])) == VoiceInfo("demo", 22050, 0.0)
     assert audio_identity(Settings(), copy) == audio_identity(Settings(), original)
     result = synth(*copies)
     assert result.exit_code == 0, result.output
@@ -230,8 +235,7 @@ def test_a_renamed_copy_of_the_demo_voice_keeps_its_settings_and_redoes_nothing(
 def test_nvidias_files_carry_no_settings_and_get_the_reference_values(workdir, tiny_checkpoints):
     publish(workdir, tiny_checkpoints)
     voice = resolve_voice(Settings(device="cpu"))
-    assert (voice.name, voice.sample_rate, voice.denoiser_strength) == (
-        "waveglow_256channels_universal_v5", 22050, 0.01)
+    assert voice_settings(voice.files.waveglow) == VoiceInfo("waveglow_256channels_universal_v5", 22050, 0.01)
     assert synth().exit_code == 0
     assert {sf.info(str(p)).samplerate for p in (workdir / "out" / "wavs").iterdir()} == {22050}
 
@@ -254,9 +258,7 @@ def test_the_wavs_and_the_manifest_take_the_voices_sample_rate_unless_the_run_se
     assert synth(*voice_at_16k).exit_code == 0
     assert rates(workdir / "out") == {16000}
     assert all(r["duration"] == pytest.approx(r["num_samples"] / 16000, abs=1e-6) for r in manifest(workdir / "out"))
-    # The same values set by the run: the same keys, nothing redone.
-    (workdir / "same.yaml").write_text("sample_rate: 16000\ndenoiser_strength: 0.0\n")
-    again = synth(*voice_at_16k, "--recipe", "same.yaml")
+    again = synth(*voice_at_16k)
     assert again.exit_code == 0 and "2 reused" in again.output, again.output
     # Other values set by the run win over the voice's.
     (workdir / "other.yaml").write_text("sample_rate: 24000\n")
@@ -266,10 +268,10 @@ def test_the_wavs_and_the_manifest_take_the_voices_sample_rate_unless_the_run_se
     assert all(r["duration"] == pytest.approx(r["num_samples"] / 24000, abs=1e-6) for r in manifest(workdir / "out"))
     settings = Settings(device="cpu", tacotron2=voice_at_16k[1], waveglow=voice_at_16k[3],
                         sample_rate=24000, denoiser_strength=0.02)
-    voice = resolve_voice(settings)
-    assert (voice.name, voice.sample_rate, voice.denoiser_strength) == ("sixteen", 24000, 0.02)
-    own = resolve_voice(Settings(device="cpu", tacotron2=voice_at_16k[1], waveglow=voice_at_16k[3]))
-    assert audio_identity(Settings(), own)["sample_rate"] == 16000, "the keys take the voice's rate"
+    own = voice_settings(Path(voice_at_16k[3]))
+    assert own == VoiceInfo("sixteen", 16000, 0.0)
+    assert with_voice(settings, own) == settings, "the run's own values win"
+    assert with_voice(Settings(), own).sample_rate == 16000
 
 
 def test_a_wrong_voice_entry_ends_the_run_in_one_line_naming_the_file(workdir, tmp_path):
@@ -278,7 +280,7 @@ def test_a_wrong_voice_entry_ends_the_run_in_one_line_naming_the_file(workdir, t
     write_ngc_tacotron2(tmp_path / "t.pt", canonical(tiny_tacotron2(seed=8)))
     result = synth("--tacotron2", str(tmp_path / "t.pt"), "--waveglow", str(waveglow))
     assert result.exit_code == 2
-    lines = [line for line in result.output.splitlines() if line]
+    lines = [line for line in result.output.splitlines() if line.startswith("tts-batch: error")]
     assert len(lines) == 1 and str(waveglow) in lines[0] and "sample_rate must be" in lines[0], lines
     assert not (workdir / "out" / "wavs").exists()
 
@@ -310,3 +312,15 @@ def test_a_denoiser_that_cannot_act_says_so_in_one_line_and_leaves_the_audio(wor
     for name in mtimes(workdir / "out"):
         mine = sf.read(workdir / "out" / "wavs" / name, dtype="int16")[0]
         assert np.array_equal(mine, sf.read(workdir / "none" / "wavs" / name, dtype="int16")[0]), name
+
+
+def test_file_digest_is_sha256_of_bytes(tmp_path):
+    path = tmp_path / "blob.pt"
+    data = os.urandom(3 * (1 << 20) + 17)  # spans several read chunks
+    path.write_bytes(data)
+    assert file_digest(path) == hashlib.sha256(data).hexdigest()
+    assert file_digest(str(path)) == file_digest(path)
+    path.write_bytes(data[:-1])
+    assert file_digest(path) == hashlib.sha256(data[:-1]).hexdigest()
+    with pytest.raises(FatalError, match="nowhere.pt: cannot read"):
+        file_digest(tmp_path / "nowhere.pt")

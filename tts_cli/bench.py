@@ -41,7 +41,7 @@ from tts_cli.corpus import read_corpus
 from tts_cli.distributed import Group
 from tts_cli.engine import PRECISIONS, Engine, Job, resolve_device, resolve_precision
 from tts_cli.pipeline import RunSummary, synthesize_corpus
-from tts_cli.voice import synthesis_settings
+from tts_cli.loading import synthesis_settings
 from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, Tacotron2
 from tts_cli.waveglow import PUBLISHED_DIMS as WAVEGLOW_DIMS, WaveGlow, WaveGlowDims
 

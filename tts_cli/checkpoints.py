@@ -45,7 +45,6 @@ package need not be installed and a hostile file cannot run code.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
@@ -66,7 +65,6 @@ __all__ = [
     "VoiceInfo",
     "read_voice_info",
     "voice_entry",
-    "file_digest",
 ]
 
 
@@ -648,19 +646,3 @@ def _is_number(value) -> bool:
 def _shown(value) -> str:
     """A value from a file, short and on one line."""
     return " ".join(reprlib.repr(value).split())
-
-
-# --------------------------------------------------------------------------
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    """sha256 hex digest of the file's bytes, read in chunks."""
-    name = os.fspath(path)
-    digest = hashlib.sha256()
-    try:
-        with open(name, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-    except OSError as exc:
-        raise CheckpointError(f"{name}: cannot read: {exc.strerror or exc}") from exc
-    return digest.hexdigest()

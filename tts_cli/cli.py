@@ -6,6 +6,7 @@ directory that cannot be written; 130 after SIGINT, 143 after SIGTERM.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -16,6 +17,7 @@ import click
 
 from tts_cli.config import (CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
                             SAMPLE_FORMATS, ConfigError, load_settings)
+from tts_cli.manifest import plural
 
 EXIT_LINE_ERRORS = 1
 EXIT_USAGE = 2
@@ -140,28 +142,31 @@ def _checked(corpus: Path, out_dir: Path, recipe: str, format_: str | None, opti
 
 
 def _under_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """torchrun sets WORLD_SIZE (distributed.from_environment reads it)."""
+    return os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1")
 
 
 def _synth(settings, utterances, out_dir, signals):
     """The run, or its end: one line and the exit status for a usage or
     output error (2) and for a signal (130, 143)."""
-    # torch loads only when needed
-    from tts_cli import distributed
-    from tts_cli.pipeline import FatalError, Interrupted, synthesize_corpus
+    from tts_cli.errors import FatalError
+    from tts_cli.pipeline import Interrupted, synthesize_corpus
 
-    try:
-        group = distributed.from_environment()
-        if group is not None:
+    group, joined, ends = None, contextlib.nullcontext(), (FatalError,)
+    if _under_torchrun():   # torch.distributed; a run on its own does not import torch until it has work
+        from tts_cli import distributed
+        try:
+            group = distributed.from_environment()
             settings = _for_rank(settings, group)
-    except distributed.GroupError as e:
-        fatal(str(e))
+        except distributed.GroupError as e:
+            fatal(str(e))
+        joined, ends = distributed.joined(group, settings.device), (FatalError, distributed.GroupError)
     echo = (lambda message: None) if settings.quiet else (lambda message: click.echo(message, err=True))
     try:
-        with distributed.joined(group, settings.device):
+        with joined:
             summary = synthesize_corpus(settings, utterances, out_dir, on_notice=echo, group=group,
                                         signals=signals)
-    except (FatalError, distributed.GroupError) as e:
+    except ends as e:
         fatal(str(e))
     except Interrupted as e:
         _stopped(e, group)
@@ -187,11 +192,6 @@ def _stopped(e, group) -> None:
     who, whose = (f"{group}: ", "its ") if group else ("", "")
     click.echo(f"tts-batch: {who}{e} received; {e.done} of {whose}{e.total} lines are done and "
                f"{e.saved} is saved; {_resume_hint(group)}", err=True)
-
-
-def plural(n: int, noun: str) -> str:
-    """``1 line``, ``2 lines``, ``1,000 lines``."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _summary_lines(summary, out_dir: Path) -> str:

@@ -18,6 +18,7 @@ import torch
 
 from tts_cli.batching import pad_sequences
 from tts_cli.config import REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
+from tts_cli.devices import expected_precision
 from tts_cli.errors import first_line
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
 from tts_cli.decoder_graph import GraphedDecoder
@@ -119,13 +120,10 @@ def resolve_device(name: str | None) -> torch.device:
 
 
 def resolve_precision(device: torch.device, name: str | None) -> tuple[torch.dtype, str | None]:
-    """The dtype to run in, and a one-line notice when the request was changed."""
-    if device.type == "cpu":
-        if name in (None, "fp32"):
-            return torch.float32, ("running on CPU in fp32 (slow; a CUDA GPU is much faster)"
-                                   if name is None else None)
-        return torch.float32, f"--precision {name} is for CUDA; running on CPU in fp32"
-    return PRECISIONS[name or "fp16"], None
+    """The dtype to run in, and a one-line notice when the request was changed
+    (devices.expected_precision)."""
+    precision, notice = expected_precision(device.type, name)
+    return PRECISIONS[precision], notice
 
 
 _RUN = Settings()   # the defaults of a run's settings (config.py): defined there alone

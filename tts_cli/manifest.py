@@ -124,6 +124,11 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 line``, ``2 lines``, ``1,000 lines``: how reports count."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def summarize(rows: Iterable[ManifestRow | Mapping[str, Any]]) -> dict[str, Any]:
     """Totals for the end-of-run report; accepts ManifestRows or read_manifest dicts.
 

@@ -25,10 +25,12 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tts_cli import distributed
-from tts_cli.distributed import Group
 from tts_cli.errors import FatalError, cannot_write
+
+if TYPE_CHECKING:   # torch.distributed; imported only under torchrun
+    from tts_cli.distributed import Group
 
 try:
     import fcntl
@@ -56,6 +58,7 @@ def held(out_dir: Path, group: Group | None = None) -> Iterator[None]:
         except FatalError as e:
             problem = (type(e), str(e))
     if group is not None:
+        from tts_cli import distributed
         try:
             problem = distributed.from_first(problem)
         except distributed.GroupError as e:

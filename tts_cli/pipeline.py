@@ -1,5 +1,9 @@
 """The whole job: corpus -> normalized ids -> length-sorted batches -> engine
--> WAV (and mel) files -> manifest, one row per corpus line in corpus order."""
+-> WAV (and mel) files -> manifest, one row per corpus line in corpus order.
+
+The plan (what is left to do, from the earlier manifest and the resume keys)
+is made and told in one line before torch is imported; torch comes with the
+models (loading.py), and only when there is work."""
 from __future__ import annotations
 
 import contextlib
@@ -11,27 +15,36 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
 
-from tts_cli import distributed, output_lock, resume
+from tts_cli import output_lock, resume
 from tts_cli.audio import atomic_write, write_mel, write_wav
 from tts_cli.config import BATCH_SIZES, Settings
 from tts_cli.corpus import Utterance
-from tts_cli.distributed import Group, GroupError
-from tts_cli.engine import Engine, Job, Result, SynthesisError
 from tts_cli.errors import FatalError, OutputError, cannot_write, first_line
 from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_audio
 from tts_cli.journal import ManifestJournal
-from tts_cli.manifest import ManifestRow, summarize
+from tts_cli.manifest import ManifestRow, plural, summarize
 from tts_cli.signals import StopOnSignals
-from tts_cli.voice import engine_voice, load_engine, resolve_voice, with_voice
+from tts_cli.voice import ResolvedVoice, resolve_voice
+
+if TYPE_CHECKING:   # torch: imported once there is work (loading.py) or under torchrun
+    from tts_cli.distributed import Group
+    from tts_cli.engine import Engine, Job, Result
 
 # Under torchrun, the pieces of a cut line that more than one process makes
 # go to the line's writer through files here (removed when the line is
 # written, and by the next run).
 PIECES_DIR = ".pieces"
+
+
+def _distributed():
+    """distributed.py, which imports torch.distributed: only under torchrun."""
+    from tts_cli import distributed
+    return distributed
 
 
 class Interrupted(Exception):
@@ -82,7 +95,7 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
     with the whole run raise FatalError; SIGINT/SIGTERM raise Interrupted
     once the manifest is saved.
 
-    Under torchrun (``group``, see distributed.py) every process plans the
+    Under torchrun (``group``, see _distributed().py) every process plans the
     whole corpus alike, synthesizes its share of the lines left to do, keeps
     its rows in its own partial manifest, and rank 0 merges them into the
     manifest at the end; only rank 0's summary covers the whole job.
@@ -108,16 +121,21 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     previous = {} if settings.force else resume.previous_rows(out_dir)
     seed, seed_source = resume.run_seed(settings, previous)
     if group is not None:
-        seed = _together(group, distributed.agree_on_seed, seed)
-    voice = engine_voice(engine, settings) if engine is not None else resolve_voice(settings)
-    settings = with_voice(settings, voice)   # the WAVs' rate, the manifest's and resume's are the voice's
+        seed = _together(group, _distributed().agree_on_seed, seed)
+    if engine is not None:
+        from tts_cli.loading import engine_voice
+        voice, voiced = engine_voice(engine, settings)
+    else:   # torch is not imported until there is work (loading.py)
+        voice, voiced = resolve_voice(settings), None
     identity = resume.audio_identity(settings, voice)
     rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
     manifest = ManifestJournal(manifest_path, utterances, rows, seed)
     share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), group)
-    notices: list[str] = list(voice.notices)
+    notices: list[str] = [*voice.notices, _plan_line(utterances, pending, reused_rows, voice)]
+    for notice in notices:
+        on_notice(notice)
     stop = signals.stop
     started = time.perf_counter()
     # An unwritable directory fails before loading models. Under torchrun
@@ -126,10 +144,13 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     _prepare_output(out_dir, settings, remove_temp_files=group is None or group.rank == 0)
     if share.batches and not stop.is_set():   # a signal during the checks: no need to load
         if engine is None:
-            engine = load_engine(settings, voice)
-            notices.extend(engine.notices)
-    for notice in notices:
-        on_notice(notice)
+            from tts_cli.loading import load_engine
+            engine, voiced = load_engine(settings, voice)
+        notices.extend(engine.notices)
+        for notice in engine.notices:
+            on_notice(notice)
+    # the voice's sample rate and denoiser strength, once its models are loaded
+    settings = voiced or settings
     load_seconds = time.perf_counter() - started
     started = time.perf_counter()
     writer = _Writer(settings, out_dir, seed)
@@ -152,6 +173,15 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     if signals.received is not None:
         raise Interrupted(signals.received, summary, checkpoint.path, *checkpoint.progress())
     return summary
+
+
+def _plan_line(utterances: list[Utterance], pending: list[PendingLine], reused: list[ManifestRow],
+               voice: ResolvedVoice) -> str:
+    """The run's first line: what it will do, with which voice, where."""
+    without = len(utterances) - len(pending) - len(reused)
+    others = f", {without:,} without audio (skipped or unreadable)" if without else ""
+    return (f"{plural(len(utterances), 'line')}: {len(pending):,} to do, {len(reused):,} reused from an "
+            f"earlier run{others}; {voice.label} on {voice.device}, {voice.precision}")
 
 
 @dataclass
@@ -183,7 +213,7 @@ def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size:
     if group is None:
         return _Share(batches, pending), manifest
     costs = [len(batch) * max(len(p.pieces[i]) for p, i in batch) for batch in batches]
-    owners = distributed.share(costs, group.world)
+    owners = _distributed().share(costs, group.world)
     makers: dict[PendingLine, set[int]] = {}
     first: dict[PendingLine, int] = {}
     for batch, owner in zip(batches, owners):
@@ -206,19 +236,19 @@ def _take_over_earlier_work(manifest: ManifestJournal, group: Group | None) -> N
     are removed. Under torchrun rank 0 does it, once every rank has planned
     and before any rank writes."""
     if group is not None:
-        _together(group, distributed.barrier)
+        _together(group, _distributed().barrier)
     if group is None or group.rank == 0:
         manifest.save(final=True)
         _remove_partial_manifests(manifest.path.parent)
         shutil.rmtree(manifest.path.parent / PIECES_DIR, ignore_errors=True)
     if group is not None:
-        _together(group, distributed.barrier)
+        _together(group, _distributed().barrier)
 
 
 def _finish_shared_lines(share: _Share, writer: "_Writer", mine: ManifestJournal, group: Group) -> None:
     """Once every process has made its batches, each writes the lines it
     owns whose pieces were made elsewhere too, from the pieces' files."""
-    _together(group, distributed.barrier, saved=mine.path)
+    _together(group, _distributed().barrier, saved=mine.path)
     failure = None
     for p in share.lines:
         if p not in share.shared:
@@ -241,7 +271,7 @@ def _merge(manifest: ManifestJournal, mine: ManifestJournal, group: Group) -> No
     """Every rank's rows go to rank 0, which writes the one manifest, in
     corpus order, and removes the partial manifests it no longer needs."""
     made = [mine.rows[line] for line in sorted(mine.only) if line in mine.rows]
-    shares = _together(group, distributed.gather_to_first, group, made, saved=mine.path)
+    shares = _together(group, _distributed().gather_to_first, group, made, saved=mine.path)
     if group.rank != 0:
         return
     for rows in shares:
@@ -270,7 +300,7 @@ def _together(group: Group, call, *args, saved: Path | None = None):
     died) ends this one with a line saying how to finish."""
     try:
         return call(*args)
-    except GroupError as e:
+    except _distributed().GroupError as e:
         kept = f"; its finished lines are saved in {saved}" if saved else ""
         raise FatalError(f"{group}: {e}{kept}; run the same command again to finish") from None
 
@@ -346,6 +376,7 @@ def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Wr
     for p in share.lines:
         checkpoint.pending_normalized[p.utterance.line] = p.normalized
     work = [item for batch in share.batches for item in batch]   # job.index -> (line, piece)
+    from tts_cli.engine import Job   # loaded with the models
     job_batches, n = [], 0
     for batch in share.batches:
         job_batches.append([Job(p.pieces[i], p.seeds[i], index=n + k) for k, (p, i) in enumerate(batch)])
@@ -478,6 +509,7 @@ class _Writer:
                 np.savez(piece_file, **arrays)
 
     def read_piece(self, p: PendingLine, i: int) -> Result | Exception:
+        from tts_cli.engine import Result   # loaded with the models
         try:
             with np.load(self._piece_path(p, i), allow_pickle=False) as arrays:
                 if "failure" in arrays:
@@ -510,6 +542,7 @@ class _MadeElsewhere(Exception):
 
 def _failure_reason(e: Exception) -> str:
     """The engine's SynthesisError and _MadeElsewhere say it in one line already."""
+    from tts_cli.engine import SynthesisError   # loaded: a result came from it
     if isinstance(e, (SynthesisError, _MadeElsewhere)):
         return str(e)
     return f"synthesis failed: {first_line(e)}"

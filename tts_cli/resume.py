@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import soundfile as sf
 
-from tts_cli import distributed
 from tts_cli.config import Settings
+from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
 from tts_cli.manifest import ManifestRow, read_manifest
@@ -29,20 +29,24 @@ if TYPE_CHECKING:
     from tts_cli.voice import ResolvedVoice
 
 MANIFEST_NAME = "manifest.jsonl"
+# The partial manifests of a torchrun job's processes (distributed.py), which
+# a job that stopped before merging them leaves.
+PARTIAL_MANIFESTS = "manifest.rank-*-of-*.jsonl"
 # Statuses whose WAV a re-run may keep.
 REUSABLE = ("ok", "truncated")
 
 
 def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
-    """Everything besides a line's ids and seed that changes its audio; the
-    denoiser strength and sample rate are the voice's resolved ones, decided
-    by the run's settings and the files' contents, not by their names."""
-    models, device, dtype, denoiser = voice.fingerprint, voice.device, voice.dtype, voice.denoiser_strength
-    return {"models": models, "device": device.type, "dtype": str(dtype),
-            "sigma": settings.sigma, "denoiser_strength": denoiser,
+    """Everything besides a line's ids and seed that changes its audio. The
+    files' fingerprint stands for all they decide, the sample rate and
+    denoiser strength the WaveGlow file states included; the run's own
+    settings are there as set (None: the voice's). So the keys are known
+    before torch is imported or any model loads."""
+    return {"models": voice.fingerprint, "device": device_type(voice.device), "precision": voice.precision,
+            "sigma": settings.sigma, "denoiser_strength": settings.denoiser_strength,
             "max_decoder_steps": settings.max_decoder_steps,
             "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
-            "sample_rate": voice.sample_rate, "sample_format": settings.sample_format}
+            "sample_rate": settings.sample_rate, "sample_format": settings.sample_format}
 
 
 def previous_rows(out_dir: Path) -> dict[str, dict]:
@@ -61,7 +65,7 @@ def previous_rows(out_dir: Path) -> dict[str, dict]:
 
 
 def partial_manifests(out_dir: Path) -> list[Path]:
-    return sorted(out_dir.glob(distributed.PARTIAL_MANIFESTS)) if out_dir.is_dir() else []
+    return sorted(out_dir.glob(PARTIAL_MANIFESTS)) if out_dir.is_dir() else []
 
 
 def run_seed(settings: Settings, previous: dict[str, dict]) -> tuple[int, str]:
@@ -100,7 +104,7 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
     if old is None or old.get("key") != key or old["status"] not in REUSABLE:
         return None
     wav, mel = f"wavs/{u.id}.wav", f"mels/{u.id}.npy"
-    if old["audio_filepath"] != wav or not _whole_wav(out_dir / wav, old["num_samples"], settings.sample_rate):
+    if old["audio_filepath"] != wav or not _whole_wav(out_dir / wav, old["num_samples"], old["duration"]):
         return None
     if old.get("mel_filepath") != mel or _mel_frames(out_dir / mel) != old["mel_frames"]:
         mel = None
@@ -111,12 +115,14 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
     return dataclasses.replace(row, line=u.line, text=u.text, mel_filepath=mel)
 
 
-def _whole_wav(path: Path, samples: int, sample_rate: int) -> bool:
+def _whole_wav(path: Path, samples: int, duration: float) -> bool:
+    """The WAV is there with the row's samples at the row's rate (samples
+    over duration: the row was written at the rate the key vouches for)."""
     try:
         info = sf.info(str(path))
     except (RuntimeError, OSError):   # missing or unreadable: make it again
         return False
-    return info.frames == samples and info.samplerate == sample_rate
+    return info.frames == samples and duration > 0 and info.samplerate == round(samples / duration)
 
 
 def _mel_frames(path: Path) -> int | None:

@@ -1,4 +1,6 @@
-"""The voice: which checkpoint files, loaded into which models, on which device.
+"""The voice: which two checkpoint files a run uses, and what its resume
+keys need to know of them, all without importing torch (loading.py loads
+the models).
 
 Which two files a run uses is decided once, by ``choose_voice``; model loading
 and the resume keys' fingerprint both ask it, so they never disagree:
@@ -19,27 +21,20 @@ and the resume keys' fingerprint both ask it, so they never disagree:
    published file and where to get it.
 
 The voice's name, sample rate and denoiser strength come from its WaveGlow
-file (``voice_settings``: the entry ``checkpoints.VOICE_ENTRY`` in it, else
-the reference's values), not from where the file is or what it is called;
-the run's own ``sample_rate`` / ``denoiser_strength``, when set, win
-(``resolve_voice``).
+file (``loading.voice_settings``), not from where the file is or what it is
+called. The resume keys need not read them: the files' fingerprint decides
+them, with the run's own ``sample_rate`` / ``denoiser_strength`` where set.
 """
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, replace
+import hashlib
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from tts_cli.checkpoints import (CheckpointError, VoiceInfo, file_digest, load_tacotron2_weights,
-                                 load_waveglow_weights, read_voice_info)
-from tts_cli.config import (REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, WAVEGLOW_MEMORY_SHARE,
-                            Settings)
-from tts_cli.engine import Engine, SynthesisSettings, resolve_device, resolve_precision
-from tts_cli.errors import FatalError, first_line
-from tts_cli.tacotron2 import DecodeSettings, Tacotron2
-from tts_cli.waveglow import WaveGlow
+from tts_cli.config import Settings
+from tts_cli.devices import expected_device, expected_precision
+from tts_cli.errors import FatalError
 
 PUBLISHED_FILES = {
     "tacotron2": "tacotron2_statedict.pt",
@@ -136,174 +131,48 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def load_models(settings: Settings, voice: Voice | None = None) -> tuple[Tacotron2, WaveGlow]:
-    """The two models of ``voice`` (the files), by default ``choose_voice(settings)``."""
-    voice = voice or choose_voice(settings)
-    try:
-        tacotron2_sd = load_tacotron2_weights(voice.tacotron2)
-        waveglow_sd = load_waveglow_weights(voice.waveglow)
-    except CheckpointError as e:
-        raise FatalError(str(e)) from None
-    return (_build(Tacotron2, tacotron2_sd, voice.tacotron2),
-            _build(WaveGlow, waveglow_sd, voice.waveglow))
-
-
-def _build(model_class, state_dict, path: Path):
-    """The model from a file's weights, or one line naming the file: the
-    file is the user's, so whatever it makes fail is the file's fault. The
-    sizes are read off the tensors, so the model is first built on the meta
-    device, where nothing is allocated: a file whose tensors disagree must
-    not get a model sized by its largest one before load_state_dict says so."""
-    try:
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # copying into meta tensors is a no-op, and says so
-            model_class.from_state_dict(state_dict)
-        model = model_class.from_state_dict(state_dict)
-    except Exception as e:  # noqa: BLE001 - see above
-        raise FatalError(f"{path}: the weights do not form a {model_class.__name__} "
-                         f"({type(e).__name__}: {first_line(e)})") from None
-    if isinstance(model, WaveGlow):
-        for k, conv in enumerate(model.convinv):
-            try:
-                conv.inverse_weight()
-            except torch.linalg.LinAlgError:
-                raise FatalError(f"{path}: WaveGlow's 1x1 convolution convinv.{k} is not invertible, so "
-                                 f"no audio can be made with it; the file is damaged: download it again") from None
-    return model
-
-
 @dataclass(frozen=True)
 class ResolvedVoice:
-    """Everything about a run's voice that decides its audio, resolved once
-    per run before any model loads (a re-run with nothing left to do loads
-    none): the files, their fingerprint for the resume keys, the device and
-    dtype, the voice's name, the denoiser strength and sample rate the run
-    uses, and the notices that go with them."""
+    """The run's voice as far as the resume keys need it, resolved once per
+    run before torch is imported (a re-run with nothing left to do never
+    imports it): the files and their fingerprint, the device and precision
+    the run expects (devices.py), how to name the voice, and the notices
+    that go with them."""
     files: Voice | None            # None: an engine the caller built (the bench)
     fingerprint: dict[str, str]    # sha256 of each file, or what stands for them
-    device: torch.device
-    dtype: torch.dtype
-    name: str                      # the WaveGlow file's voice name, else its file name's stem
-    denoiser_strength: float       # the run's setting, else the voice's
-    sample_rate: int               # Hz; the run's setting, else the voice's
+    device: str                    # cpu, cuda or cuda:N
+    precision: str                 # fp32, fp16 or bf16
+    label: str                     # the voice as the run's first line names it
     notices: tuple[str, ...] = ()
 
 
 def resolve_voice(settings: Settings) -> ResolvedVoice:
     """The run's voice, from its settings (the order in the module docstring)."""
-    try:
-        device = resolve_device(settings.device)
-    except (ValueError, RuntimeError) as e:
-        raise FatalError(str(e)) from None
-    dtype, notice = resolve_precision(device, settings.precision)
+    device = expected_device(settings.device)
+    precision, notice = expected_precision(device, settings.precision)
     files = choose_voice(settings)
     notices = tuple(line for line in (notice, files.notice) if line)
-    own = voice_settings(files.waveglow)
-    return ResolvedVoice(files, model_fingerprint(files), device, dtype, own.name,
-                         _unless_set(settings.denoiser_strength, own.denoiser_strength),
-                         _unless_set(settings.sample_rate, own.sample_rate), notices)
-
-
-def voice_settings(waveglow: Path) -> VoiceInfo:
-    """The name, sample rate and denoiser strength of the voice whose
-    WaveGlow file is ``waveglow``: what the file states (its
-    ``checkpoints.VOICE_ENTRY``), each it leaves out the reference's
-    (NVIDIA's files state none): the file name's stem, 22050 Hz, 0.01."""
-    try:
-        own = read_voice_info(waveglow)
-    except CheckpointError as e:
-        raise FatalError(str(e)) from None
-    return VoiceInfo(name=_unless_set(own.name, waveglow.stem),
-                     sample_rate=_unless_set(own.sample_rate, REFERENCE_SAMPLE_RATE),
-                     denoiser_strength=_unless_set(own.denoiser_strength, REFERENCE_DENOISER_STRENGTH))
-
-
-def _unless_set(value, otherwise):
-    return otherwise if value is None else value
-
-
-def engine_voice(engine: Engine, settings: Settings) -> ResolvedVoice:
-    """The voice of an engine the caller built (no files to hash)."""
-    return ResolvedVoice(None, {"engine": "given by the caller"}, engine.device, engine.dtype,
-                         "the caller's engine", engine.settings.denoiser_strength,
-                         _unless_set(settings.sample_rate, REFERENCE_SAMPLE_RATE))
-
-
-def with_voice(settings: Settings, voice: ResolvedVoice) -> Settings:
-    """``settings`` with the sample rate and denoiser strength the run uses
-    (``voice``'s) filled in: what the WAVs, the manifest and resume read."""
-    return replace(settings, sample_rate=voice.sample_rate, denoiser_strength=voice.denoiser_strength)
-
-
-def load_engine(settings: Settings, voice: ResolvedVoice) -> Engine:
-    """The models of ``voice`` loaded into an engine; its own notices (a
-    model the fast path cannot serve) are in ``engine.notices``."""
-    tacotron2, waveglow = load_models(settings, voice.files)
-    return Engine(tacotron2, waveglow, voice.device, voice.dtype,
-                  synthesis_settings(settings, voice.denoiser_strength, voice.device))
-
-
-def make_engine(settings: Settings, notices: list[str]) -> Engine:
-    """``load_engine`` of the settings' voice, every notice added to ``notices``."""
-    voice = resolve_voice(settings)
-    notices.extend(voice.notices)
-    engine = load_engine(settings, voice)
-    notices.extend(engine.notices)
-    return engine
-
-
-def synthesis_settings(s: Settings, denoiser: float | None = None,
-                       device: torch.device | None = None) -> SynthesisSettings:
-    """The engine's share of the run's settings; ``denoiser`` (default: the
-    run's, else the reference's strength) and ``device`` (default: the
-    run's) fill what the run leaves unset."""
-    decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
-                            prenet_dropout=s.prenet_dropout)
-    memory = s.waveglow_memory or waveglow_memory_gib(device or resolve_device(s.device))
-    strength = _unless_set(denoiser, _unless_set(s.denoiser_strength, REFERENCE_DENOISER_STRENGTH))
-    return SynthesisSettings(sigma=s.sigma, denoiser_strength=strength, decode=decode,
-                             waveglow_memory_gib=memory, return_mels=s.save_mels)
-
-
-
-
-def waveglow_memory_gib(device: torch.device) -> float:
-    """WaveGlow's default budget on ``device``, in GiB (WAVEGLOW_MEMORY_SHARE)."""
-    share, most = WAVEGLOW_MEMORY_SHARE[device.type]
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_ram()
-    return min(share * free / 2 ** 30, most) if free is not None else most
-
-
-def available_ram(root: Path = Path("/")) -> int | None:
-    """Bytes of RAM this process can still take: the kernel's MemAvailable,
-    or less where a cgroup (a container's memory limit) leaves less; None
-    where neither can be read (not Linux)."""
-    found = []
-    try:
-        for line in (root / "proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    cgroup = root / "sys/fs/cgroup"
-    for limit, usage in (("memory.max", "memory.current"),     # cgroup v2
-                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):   # v1
-        try:
-            found.append(max(int((cgroup / limit).read_text()) - int((cgroup / usage).read_text()), 0))
-        except (OSError, ValueError):   # no such file, or "max": no limit
-            pass
-    return min(found) if found else None
+    label = ("the demo voice" if files.demo
+             else f"{_shown(files.tacotron2.resolve())} + {_shown(files.waveglow.resolve())}")
+    return ResolvedVoice(files, model_fingerprint(files), device, precision, label, notices)
 
 
 def model_fingerprint(files: Voice) -> dict[str, str]:
     """sha256 of the two files: a resume key must change when the weights
     change, whatever the files are called (switching between the demo voice
     and NVIDIA's redoes every line). Hashing the ~650 MB WaveGlow takes a
-    few seconds, so it is done once per run (``resolve_voice``)."""
-    fingerprint = {}
-    for kind in PUBLISHED_FILES:
-        try:
-            fingerprint[kind] = file_digest(files.path(kind))
-        except CheckpointError as e:
-            raise FatalError(str(e)) from None
-    return fingerprint
+    second or two, so it is done once per run (``resolve_voice``)."""
+    return {kind: file_digest(files.path(kind)) for kind in PUBLISHED_FILES}
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 hex digest of the file's bytes, read in chunks."""
+    name = os.fspath(path)
+    digest = hashlib.sha256()
+    try:
+        with open(name, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise FatalError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    return digest.hexdigest()

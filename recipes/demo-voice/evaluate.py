@@ -65,7 +65,7 @@ from mel import MelExtractor, MelSettings, band_edges, mel_filterbank, read_file
 from tts_cli import checkpoints
 from tts_cli import text as frontend
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
-from tts_cli.voice import voice_settings
+from tts_cli.loading import voice_settings
 from tts_cli.waveglow import Denoiser, WaveGlow
 
 SAMPLE_RATE = 22050

@@ -1,0 +1,70 @@
+"""The device and precision a run uses, decided without importing torch.
+
+Importing torch takes seconds; a run's plan (which lines are left to do) and
+its first line come before it. The device is part of every resume key, so
+it must be known then:
+
+* a device asked for (``cpu``, ``cuda``, ``cuda:N``) is the one used; torch
+  says later whether it exists (``engine.resolve_device``);
+* with none asked for, CUDA is expected where the installed torch was built
+  for CUDA or ROCm (its ``version.py``, read as text) and the machine shows a
+  GPU that ``CUDA_VISIBLE_DEVICES`` does not hide. torch has the last word:
+  where it finds no usable GPU after all, the run plans again on CPU and
+  says so (``pipeline``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+# A line of torch/version.py naming the CUDA or ROCm version it was built for.
+_GPU_BUILD = re.compile(r"^(cuda|hip)\b[^=\n]*=\s*['\"]", re.M)
+# Where a GPU shows itself: NVIDIA's driver, ROCm's kernel driver, WSL's GPU.
+_GPU_SIGNS = ("/proc/driver/nvidia/gpus", "/dev/kfd", "/dev/dxg")
+CPU_NOTICE = "running on CPU in fp32 (slow; a CUDA GPU is much faster)"
+
+
+def expected_device(requested: str | None) -> str:
+    """``requested``, or where none was: ``cuda`` when this machine looks able
+    to run torch on a GPU, else ``cpu``."""
+    if requested is not None:
+        return requested
+    return "cuda" if _gpu_build() and _gpu_visible() else "cpu"
+
+
+def device_type(device: str) -> str:
+    """``cuda:1`` -> ``cuda``."""
+    return device.partition(":")[0]
+
+
+def expected_precision(device: str, requested: str | None) -> tuple[str, str | None]:
+    """The precision to run in on ``device`` and a one-line notice when the
+    request was changed: fp16 by default on CUDA; fp32 always on CPU."""
+    if device_type(device) == "cpu":
+        if requested in (None, "fp32"):
+            return "fp32", CPU_NOTICE if requested is None else None
+        return "fp32", f"--precision {requested} is for CUDA; running on CPU in fp32"
+    return requested or "fp16", None
+
+
+def _gpu_build() -> bool:
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            return _GPU_BUILD.search((Path(folder) / "version.py").read_text()) is not None
+        except OSError:
+            continue
+    return False
+
+
+def _gpu_visible(root: Path = Path("/")) -> bool:
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and (not hidden.strip() or hidden.strip().startswith("-")):
+        return False
+    for sign in _GPU_SIGNS:
+        path = root / sign.lstrip("/")
+        if path.is_dir() and any(path.iterdir()) or path.exists() and not path.is_dir():
+            return True
+    return False

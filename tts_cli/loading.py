@@ -1,0 +1,167 @@
+"""The voice's models, loaded: the two files ``voice.resolve_voice`` chose,
+read (checkpoints.py) and built into Tacotron2 and WaveGlow, in an engine
+on the device torch confirms, with the sample rate and denoiser strength
+the WaveGlow file states for itself (the run's own settings win).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from tts_cli.checkpoints import (CheckpointError, VoiceInfo, load_tacotron2_weights, load_waveglow_weights,
+                                 read_voice_info)
+from tts_cli.config import REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, WAVEGLOW_MEMORY_SHARE, Settings
+from tts_cli.engine import PRECISIONS, Engine, SynthesisSettings, resolve_device, resolve_precision
+from tts_cli.errors import FatalError, first_line
+from tts_cli.tacotron2 import DecodeSettings, Tacotron2
+from tts_cli.voice import ResolvedVoice, Voice, choose_voice, resolve_voice
+from tts_cli.waveglow import WaveGlow
+
+
+def load_engine(settings: Settings, voice: ResolvedVoice) -> tuple[Engine, Settings]:
+    """The models of ``voice`` loaded into an engine on its device, and the
+    run's settings with the voice's sample rate and denoiser strength filled
+    in where the run leaves them unset (what the WAVs and the manifest
+    read). The engine's own notices (a model the fast path cannot serve, a
+    denoiser that cannot act) are in ``engine.notices``."""
+    device = _confirmed_device(voice.device, settings.device)
+    dtype, _ = resolve_precision(device, voice.precision)
+    settings = with_voice(settings, voice_settings(voice.files.waveglow))
+    tacotron2, waveglow = load_models(settings, voice.files)
+    return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, device)), settings
+
+
+def _confirmed_device(expected: str, requested: str | None) -> torch.device:
+    """The device the run planned for, as torch knows it; one line when torch
+    cannot use it."""
+    try:
+        return resolve_device(expected)
+    except (ValueError, RuntimeError) as e:
+        if requested is None:   # a GPU showed itself (devices.py), but torch cannot use it
+            raise FatalError(f"this machine shows a GPU, but torch {torch.__version__} cannot use it "
+                             f"(torch.cuda.is_available() is False; often a driver older than the "
+                             f"CUDA torch was built for); fix that, or pass --device cpu") from None
+        raise FatalError(str(e)) from None
+
+
+def make_engine(settings: Settings, notices: list[str]) -> Engine:
+    """``load_engine`` of the settings' voice, every notice added to ``notices``."""
+    voice = resolve_voice(settings)
+    notices.extend(voice.notices)
+    engine, _ = load_engine(settings, voice)
+    notices.extend(engine.notices)
+    return engine
+
+
+def engine_voice(engine: Engine, settings: Settings) -> tuple[ResolvedVoice, Settings]:
+    """The voice of an engine the caller built (no files to hash), and the
+    run's settings with its sample rate and denoiser strength."""
+    precision = next(name for name, dtype in PRECISIONS.items() if dtype == engine.dtype)
+    voice = ResolvedVoice(None, {"engine": "given by the caller"}, str(engine.device), precision,
+                          "the caller's engine")
+    info = VoiceInfo(sample_rate=REFERENCE_SAMPLE_RATE, denoiser_strength=engine.settings.denoiser_strength)
+    return voice, with_voice(settings, info)
+
+
+def voice_settings(waveglow: Path) -> VoiceInfo:
+    """The name, sample rate and denoiser strength of the voice whose
+    WaveGlow file is ``waveglow``: what the file states (its
+    ``checkpoints.VOICE_ENTRY``), each it leaves out the reference's
+    (NVIDIA's files state none): the file name's stem, 22050 Hz, 0.01."""
+    try:
+        own = read_voice_info(waveglow)
+    except CheckpointError as e:
+        raise FatalError(str(e)) from None
+    return VoiceInfo(name=_unless_set(own.name, waveglow.stem),
+                     sample_rate=_unless_set(own.sample_rate, REFERENCE_SAMPLE_RATE),
+                     denoiser_strength=_unless_set(own.denoiser_strength, REFERENCE_DENOISER_STRENGTH))
+
+
+def with_voice(settings: Settings, info: VoiceInfo) -> Settings:
+    """``settings`` with the voice's sample rate and denoiser strength where
+    the run sets none."""
+    return replace(settings, sample_rate=_unless_set(settings.sample_rate, info.sample_rate),
+                   denoiser_strength=_unless_set(settings.denoiser_strength, info.denoiser_strength))
+
+
+def _unless_set(value, otherwise):
+    return otherwise if value is None else value
+
+
+def load_models(settings: Settings, voice: Voice | None = None) -> tuple[Tacotron2, WaveGlow]:
+    """The two models of ``voice`` (the files), by default ``choose_voice(settings)``."""
+    voice = voice or choose_voice(settings)
+    try:
+        tacotron2_sd = load_tacotron2_weights(voice.tacotron2)
+        waveglow_sd = load_waveglow_weights(voice.waveglow)
+    except CheckpointError as e:
+        raise FatalError(str(e)) from None
+    return (_build(Tacotron2, tacotron2_sd, voice.tacotron2),
+            _build(WaveGlow, waveglow_sd, voice.waveglow))
+
+
+def _build(model_class, state_dict, path: Path):
+    """The model from a file's weights, or one line naming the file: the
+    file is the user's, so whatever it makes fail is the file's fault. The
+    sizes are read off the tensors, so the model is first built on the meta
+    device, where nothing is allocated: a file whose tensors disagree must
+    not get a model sized by its largest one before load_state_dict says so."""
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # copying into meta tensors is a no-op, and says so
+            model_class.from_state_dict(state_dict)
+        model = model_class.from_state_dict(state_dict)
+    except Exception as e:  # noqa: BLE001 - see above
+        raise FatalError(f"{path}: the weights do not form a {model_class.__name__} "
+                         f"({type(e).__name__}: {first_line(e)})") from None
+    if isinstance(model, WaveGlow):
+        for k, conv in enumerate(model.convinv):
+            try:
+                conv.inverse_weight()
+            except torch.linalg.LinAlgError:
+                raise FatalError(f"{path}: WaveGlow's 1x1 convolution convinv.{k} is not invertible, so "
+                                 f"no audio can be made with it; the file is damaged: download it again") from None
+    return model
+
+
+def synthesis_settings(s: Settings, device: torch.device | None = None) -> SynthesisSettings:
+    """The engine's share of the run's settings (``with_voice``'s, where a
+    voice is loaded; else the reference's denoiser strength); ``device``
+    (default: the run's) sizes WaveGlow's memory when the run sets none."""
+    decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
+                            prenet_dropout=s.prenet_dropout)
+    memory = s.waveglow_memory or waveglow_memory_gib(device or resolve_device(s.device))
+    strength = _unless_set(s.denoiser_strength, REFERENCE_DENOISER_STRENGTH)
+    return SynthesisSettings(sigma=s.sigma, denoiser_strength=strength, decode=decode,
+                             waveglow_memory_gib=memory, return_mels=s.save_mels)
+
+
+def waveglow_memory_gib(device: torch.device) -> float:
+    """WaveGlow's default budget on ``device``, in GiB (WAVEGLOW_MEMORY_SHARE)."""
+    share, most = WAVEGLOW_MEMORY_SHARE[device.type]
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_ram()
+    return min(share * free / 2 ** 30, most) if free is not None else most
+
+
+def available_ram(root: Path = Path("/")) -> int | None:
+    """Bytes of RAM this process can still take: the kernel's MemAvailable,
+    or less where a cgroup (a container's memory limit) leaves less; None
+    where neither can be read (not Linux)."""
+    found = []
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    cgroup = root / "sys/fs/cgroup"
+    for limit, usage in (("memory.max", "memory.current"),     # cgroup v2
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):   # v1
+        try:
+            found.append(max(int((cgroup / limit).read_text()) - int((cgroup / usage).read_text()), 0))
+        except (OSError, ValueError):   # no such file, or "max": no limit
+            pass
+    return min(found) if found else None
