@@ -25,9 +25,11 @@ PRECISION_NAMES = ("fp32", "fp16", "bf16")
 
 # Most lines per batch when the run sets none, by device type. CUDA: 128 ran
 # fastest on an H200 (BENCHMARKS.md). CPU: a batch is what a Ctrl-C waits
-# for (signals.py), and 100 lines of the demo voice on 2 cores ran as fast in
-# batches of 16 as of 32 (47-65 s against 50-56 s, three runs each on a shared
-# machine; 66 s in batches of 128), ending 6-13 s after a Ctrl-C against 12-13 s.
+# for (signals.py) and what the progress bar waits for at most. 100 lines of
+# the demo voice on 2 cores: batches of 16 took 47-65 s (32: 50-56 s; 128:
+# 66 s; 8: 60-64 s), ended 6-13 s after a Ctrl-C (32: 12-13 s), and the bar
+# first moved after 5-7 s and then every 1.4 s on average, at most 9-10 s
+# apart (8: the same first move and largest gap, 7.5-9.7 s).
 BATCH_SIZES = {"cuda": 128, "cpu": 16}
 # NVIDIA's published voice's sample rate and the reference's denoiser
 # strength (NVIDIA's inference script): a voice's own when its WaveGlow file
