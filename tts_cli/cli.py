@@ -51,7 +51,7 @@ def main():
 
 @main.command()
 @click.argument("corpus", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
-@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path),
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path), metavar="DIR",
               help="Output directory: wavs/, mels/ and manifest.jsonl go here.")
 @click.option("--recipe", default=DEFAULT_RECIPE, show_default=True,
               help="Built-in recipe name or a YAML file; options given here override it.")

@@ -85,7 +85,7 @@ class Settings:
     sample_format: str = "pcm16"        # WAV subtype: pcm16 or float32
     save_mels: bool = False             # also write mels/<id>.npy
     format: str = "plain"               # corpus format: plain, ljspeech, tsv
-    device: str | None = None           # cuda, cuda:N, cpu; None: cuda when available
+    device: str | None = None           # cuda, cuda:N, cpu; None: cuda where expected (devices.py)
     precision: str | None = None        # fp32, fp16, bf16; None: fp16 on CUDA, fp32 on CPU
     max_symbols_per_piece: int = 180    # longer lines are cut into pieces; 0 disables (splitting.py)
     piece_pause: float = 0.15           # seconds of silence between a cut line's pieces
@@ -139,7 +139,7 @@ UNSET_MEANS = {
                          "0 for the demo voice",
     "seed": "random, recorded in the manifest",
     "batch_size": f"{BATCH_SIZES['cuda']} on a GPU, {BATCH_SIZES['cpu']} on CPU",
-    "device": "cuda when available",
+    "device": "cuda when the machine shows a GPU and torch was built for one",
     "precision": "fp16 on CUDA, fp32 on CPU",
     "waveglow_memory": (f"{Fraction(WAVEGLOW_MEMORY_SHARE['cuda'][0])} of the GPU's free memory, at most "
                         f"{WAVEGLOW_MEMORY_SHARE['cuda'][1]:g}; on CPU {Fraction(WAVEGLOW_MEMORY_SHARE['cpu'][0])} "
