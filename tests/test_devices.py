@@ -1,0 +1,44 @@
+"""The device and precision a run expects before torch is imported."""
+import pytest
+import torch
+
+from tts_cli import devices
+from tts_cli.devices import CPU_NOTICE, expected_device, expected_precision
+
+
+def test_a_device_asked_for_is_the_one_expected(monkeypatch):
+    monkeypatch.setattr(devices, "_gpu_build", lambda: False)
+    assert expected_device("cuda:1") == "cuda:1" and expected_device("cpu") == "cpu"
+
+
+def test_the_build_is_read_as_torch_itself_reports_it():
+    assert devices._gpu_build() == (torch.version.cuda is not None or torch.version.hip is not None)
+
+
+@pytest.mark.parametrize("sign", ["proc/driver/nvidia/gpus/0000:1b:00.0", "dev/kfd", "dev/dxg"])
+def test_a_gpu_shows_itself_unless_cuda_visible_devices_hides_it(tmp_path, monkeypatch, sign):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert not devices._gpu_visible(tmp_path)
+    (tmp_path / sign).parent.mkdir(parents=True)
+    (tmp_path / sign).write_text("")
+    assert devices._gpu_visible(tmp_path)
+    for hidden in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert not devices._gpu_visible(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert devices._gpu_visible(tmp_path)
+
+
+def test_without_a_request_cuda_needs_both_a_gpu_build_and_a_gpu(monkeypatch):
+    for build, visible, expected in ((True, True, "cuda"), (True, False, "cpu"), (False, True, "cpu")):
+        monkeypatch.setattr(devices, "_gpu_build", lambda: build)
+        monkeypatch.setattr(devices, "_gpu_visible", lambda: visible)
+        assert expected_device(None) == expected
+
+
+def test_cpu_runs_fp32_and_says_why_when_asked_otherwise():
+    assert expected_precision("cpu", None) == ("fp32", CPU_NOTICE)
+    assert expected_precision("cpu", "fp32") == ("fp32", None)
+    assert expected_precision("cpu", "bf16") == ("fp32", "--precision bf16 is for CUDA; running on CPU in fp32")
+    assert expected_precision("cuda:0", None) == ("fp16", None)
+    assert expected_precision("cuda", "bf16") == ("bf16", None)
