@@ -84,6 +84,9 @@ _SYMBOL_TO_ID = {symbol: index for index, symbol in enumerate(SYMBOLS)}
 # A dict rather than tuple indexing so that out-of-range ids (including
 # negative ones, which would wrap around a tuple) are skipped, not misread.
 _ID_TO_SYMBOL = dict(enumerate(SYMBOLS))
+# How each id reads in the manifest: a phone in braces, anything else as itself.
+_RENDERED = {i: "{" + s[1:] + "}" if len(s) > 1 and s.startswith(_PHONE_PREFIX) else s
+             for i, s in _ID_TO_SYMBOL.items()}
 
 # Ids that carry sound: letters of either case and every phone. Pad,
 # hyphen, punctuation and space only shape prosody.
@@ -282,8 +285,17 @@ _ABBREVIATION_RULES = tuple(
 )
 
 
+# Whether any rule applies at all: most lines have no abbreviation, and one
+# search is cheaper than a pass per rule. A rule can only match where the
+# text changed or matched before, so a line none matches stays as it is.
+_ANY_ABBREVIATION = re.compile(r"\b(?:" + "|".join(short for short, _ in _ABBREVIATIONS) + r")\.",
+                               re.IGNORECASE)
+
+
 def _expand_abbreviations(text: str) -> str:
     # The period is consumed, so a sentence ending in "St." loses its stop.
+    if not _ANY_ABBREVIATION.search(text):
+        return text
     for pattern, replacement in _ABBREVIATION_RULES:
         text = pattern.sub(replacement, text)
     return text
@@ -317,13 +329,8 @@ _BRACED_PHONES = re.compile(r"(?P<before>.*?)\{(?P<phones>.+?)\}(?P<after>.*)")
 
 
 def _text_ids(text: str) -> list[int]:
-    ids = []
-    for char in clean_text(text):
-        symbol_id = _SYMBOL_TO_ID.get(char)
-        # "_" is padding, never content, even if the text contains one.
-        if symbol_id is not None and symbol_id != PAD_ID:
-            ids.append(symbol_id)
-    return ids
+    # "_" is padding, never content, even if the text contains one.
+    return [i for i in map(_SYMBOL_TO_ID.get, clean_text(text)) if i is not None and i != PAD_ID]
 
 
 def _phone_ids(phones: str) -> list[int]:
@@ -352,15 +359,7 @@ def sequence_to_text(ids: Sequence[int]) -> str:
 
     Ids outside the table are skipped. The pad id renders as "_".
     """
-    pieces = []
-    for symbol_id in ids:
-        symbol = _ID_TO_SYMBOL.get(symbol_id)
-        if symbol is None:
-            continue
-        if len(symbol) > 1 and symbol.startswith(_PHONE_PREFIX):
-            symbol = "{" + symbol[1:] + "}"
-        pieces.append(symbol)
-    return "".join(pieces).replace("}{", " ")
+    return "".join([_RENDERED[i] for i in ids if i in _RENDERED]).replace("}{", " ")
 
 
 def normalize(text: str) -> tuple[list[int], str]:
