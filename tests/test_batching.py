@@ -43,3 +43,14 @@ def test_planning_a_run_needs_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_shortest_first_runs_the_same_batches_in_the_opposite_order():
+    from tts_cli.corpus import Utterance
+    from tts_cli.planning import PendingLine, batch_plan
+    pending = [PendingLine(Utterance(n, f"{n:06d}", "x"), "x", [[5] * length], [0], results=[None])
+               for n, length in enumerate([3, 9, 1, 7, 5, 2, 8], start=1)]
+    longest_first = batch_plan(pending, 3)
+    shortest_first = batch_plan(pending, 3, shortest_first=True)
+    assert shortest_first == longest_first[::-1]
+    assert [[len(p.pieces[i]) for p, i in batch] for batch in shortest_first] == [[1], [5, 3, 2], [9, 8, 7]]

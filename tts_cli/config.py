@@ -28,9 +28,14 @@ PRECISION_NAMES = ("fp32", "fp16", "bf16")
 # for (signals.py) and what the progress bar waits for at most. 100 lines of
 # the demo voice on 2 cores: batches of 16 took 47-65 s (32: 50-56 s; 128:
 # 66 s; 8: 60-64 s), ended 6-13 s after a Ctrl-C (32: 12-13 s), and the bar
-# first moved after 5-7 s and then every 1.4 s on average, at most 9-10 s
-# apart (8: the same first move and largest gap, 7.5-9.7 s).
+# moved every 1.4 s on average once lines came out (8: no sooner).
 BATCH_SIZES = {"cuda": 128, "cpu": 16}
+# Whether the batches run shortest first, by device type (the same batches;
+# only their order changes, and no audio). CPU, the 100 lines above: longest
+# first, the first line was done 18.9 s after the command, the bar still for
+# 14 s while the longest lines decoded; shortest first, 11.5-13.3 s, and then
+# at most 2.1 s between moves, in the same total time (56-57 s).
+SHORTEST_FIRST = {"cuda": False, "cpu": True}
 # NVIDIA's published voice's sample rate and the reference's denoiser
 # strength (NVIDIA's inference script): a voice's own when its WaveGlow file
 # states none (voice.py).

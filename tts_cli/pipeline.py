@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from tts_cli import output_lock, resume
 from tts_cli.audio import atomic_write, write_mel, write_wav
-from tts_cli.config import BATCH_SIZES, Settings
+from tts_cli.config import BATCH_SIZES, SHORTEST_FIRST, Settings
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError, OutputError, cannot_write, first_line
 from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_audio
@@ -132,7 +132,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
     manifest = ManifestJournal(manifest_path, utterances, rows, seed)
-    share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), group)
+    share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), identity["device"],
+                                  group)
     notices: list[str] = [*voice.notices, _plan_line(utterances, pending, reused_rows, voice)]
     for notice in notices:
         on_notice(notice)
@@ -200,7 +201,7 @@ def _batch_size(settings: Settings, identity: dict) -> int:
     return settings.batch_size or BATCH_SIZES[identity["device"]]
 
 
-def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size: int,
+def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size: int, device: str,
               group: Group | None) -> tuple[_Share, ManifestJournal]:
     """This process's share of the plan and where it saves its rows: on its
     own, every batch, every row into the manifest. Under torchrun, whole
@@ -209,7 +210,7 @@ def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size:
     would share on one process, and its audio is that process's; each line's
     row is made by the process that makes its first piece, into its own
     partial manifest."""
-    batches = batch_plan(pending, batch_size)
+    batches = batch_plan(pending, batch_size, shortest_first=SHORTEST_FIRST[device])
     if group is None:
         return _Share(batches, pending), manifest
     costs = [len(batch) * max(len(p.pieces[i]) for p, i in batch) for batch in batches]

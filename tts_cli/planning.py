@@ -76,9 +76,12 @@ def row_without_audio(u: Utterance, normalized: str, status: str, reason: str | 
                        status=status, reason=reason, seed=seed, pieces=0)
 
 
-def batch_plan(pending: list[PendingLine], batch_size: int) -> list[list[tuple[PendingLine, int]]]:
+def batch_plan(pending: list[PendingLine], batch_size: int,
+               shortest_first: bool = False) -> list[list[tuple[PendingLine, int]]]:
     """Every piece left to make, in length-sorted batches: the same plan on
-    one process and on every process of a torchrun job."""
+    one process and on every process of a torchrun job. Longest batch first,
+    or with ``shortest_first`` the same batches in the opposite order."""
     work = [(p, i) for p in pending for i in range(len(p.pieces))]
-    return [[work[i] for i in batch]
-            for batch in length_sorted_batches([len(p.pieces[i]) for p, i in work], batch_size)]
+    batches = [[work[i] for i in batch]
+               for batch in length_sorted_batches([len(p.pieces[i]) for p, i in work], batch_size)]
+    return batches[::-1] if shortest_first else batches
