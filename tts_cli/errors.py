@@ -6,6 +6,10 @@ class FatalError(Exception):
     """Stops the run; the message is one line."""
 
 
+class CheckpointError(Exception):
+    """A checkpoint file could not be used; the message is one line for the user."""
+
+
 class OutputError(FatalError):
     """The output directory could not be written (full disk, permissions).
     Raised after the manifest rows of everything already written were saved."""
