@@ -39,7 +39,7 @@ from tts_cli import text as frontend
 from tts_cli.config import REFERENCE_SAMPLE_RATE, Settings, load_settings
 from tts_cli.corpus import read_corpus
 from tts_cli.distributed import Group
-from tts_cli.engine import PRECISIONS, Engine, Job, resolve_device, resolve_precision
+from tts_cli.engine import Engine, Job, precision_name, resolve_device, resolve_precision
 from tts_cli.pipeline import RunSummary, synthesize_corpus
 from tts_cli.loading import synthesis_settings
 from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, Tacotron2
@@ -249,7 +249,7 @@ def _run_settings(b: BenchSettings) -> tuple[torch.device, torch.dtype, Settings
     """The device, its dtype and the pipeline settings the bench runs with."""
     device = resolve_device(b.device)
     dtype, _ = resolve_precision(device, b.precision)
-    precision = next(name for name, d in PRECISIONS.items() if d == dtype)
+    precision = precision_name(dtype)
     # random_models() are NVIDIA's voice's shape: its sample rate
     settings = load_settings(overrides={"batch_size": b.batch_size, "format": b.format,
                                         "device": str(device), "precision": precision,

@@ -57,6 +57,7 @@ __all__ = [
     "CheckpointError",
     "load_tacotron2_weights",
     "load_waveglow_weights",
+    "load_waveglow",
     "VOICE_ENTRY",
     "VoiceInfo",
     "read_voice_info",
@@ -149,10 +150,8 @@ _OTHER_FLAG = {"tacotron2": ("WaveGlow", "--waveglow"),
                "waveglow": ("Tacotron2", "--tacotron2")}
 
 
-def _weights_for(path, wanted: str) -> dict:
-    """Load a file and return its prefix-free weights, checked to be `wanted`."""
-    name = os.fspath(path)
-    obj = read_checkpoint(name)
+def _weights_for(name: str, obj, wanted: str) -> dict:
+    """The prefix-free weights in ``obj`` (the file ``name``, read), checked to be `wanted`."""
     weights = _find_weights(obj)
     weights = _strip_wrappers(weights) if weights else {}
     kind = _kind(weights)
@@ -207,12 +206,13 @@ _TACOTRON2_NEEDED = (
 
 def load_tacotron2_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Canonical Tacotron2 weights (NVIDIA/tacotron2 model.py names) from `path`."""
-    weights = _weights_for(path, "tacotron2")
+    name = os.fspath(path)
+    weights = _weights_for(name, read_checkpoint(name), "tacotron2")
     # BatchNorm's step counter is training state, not a weight.
     kept = {k: v for k, v in weights.items()
             if k.startswith(_TACOTRON2_PARTS) and not k.endswith("num_batches_tracked")}
-    _require(os.fspath(path), kept, _TACOTRON2_NEEDED, "Tacotron2")
-    return _as_float32(os.fspath(path), kept)
+    _require(name, kept, _TACOTRON2_NEEDED, "Tacotron2")
+    return _as_float32(name, kept)
 
 
 # --------------------------------------------------------------------------
@@ -306,8 +306,20 @@ def _check_waveglow(name: str, weights: dict) -> None:
 
 def load_waveglow_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Canonical WaveGlow weights (current NVIDIA/waveglow glow.py names) from `path`."""
+    return load_waveglow(path)[0]
+
+
+def load_waveglow(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], VoiceInfo]:
+    """The canonical WaveGlow weights and the voice settings the file carries
+    (``read_voice_info``), from one read of the file."""
     name = os.fspath(path)
-    weights = _fold_weight_norm(name, _weights_for(path, "waveglow"))
+    obj = read_checkpoint(name)
+    info = _voice_info(name, obj)
+    return _canonical_waveglow(name, _weights_for(name, obj, "waveglow")), info
+
+
+def _canonical_waveglow(name: str, weights: dict) -> dict[str, torch.Tensor]:
+    weights = _fold_weight_norm(name, weights)
     weights = _fuse_cond_layers(name, weights)
     _check_waveglow(name, weights)
     kept = {k: v for k, v in weights.items() if _WAVEGLOW_KEY.fullmatch(k)}
@@ -338,7 +350,10 @@ def read_voice_info(path: str | os.PathLike) -> VoiceInfo:
     VoiceInfo when it has no ``VOICE_ENTRY``), read as safely as its
     weights; an entry of the wrong form is a CheckpointError."""
     name = os.fspath(path)
-    obj = read_checkpoint(name)
+    return _voice_info(name, read_checkpoint(name))
+
+
+def _voice_info(name: str, obj) -> VoiceInfo:
     entry = obj.get(VOICE_ENTRY) if isinstance(obj, dict) else None
     return VoiceInfo() if entry is None else _checked_voice_info(name, entry)
 

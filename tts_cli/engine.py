@@ -119,6 +119,11 @@ def resolve_device(name: str | None) -> torch.device:
     return device
 
 
+def precision_name(dtype: torch.dtype) -> str:
+    """``torch.float16`` -> ``fp16``: PRECISIONS the other way round."""
+    return next(name for name, d in PRECISIONS.items() if d == dtype)
+
+
 def resolve_precision(device: torch.device, name: str | None) -> tuple[torch.dtype, str | None]:
     """The dtype to run in, and a one-line notice when the request was changed
     (devices.expected_precision)."""

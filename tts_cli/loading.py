@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from tts_cli.checkpoints import (CheckpointError, VoiceInfo, load_tacotron2_weights, load_waveglow_weights,
+from tts_cli.checkpoints import (CheckpointError, VoiceInfo, load_tacotron2_weights, load_waveglow,
                                  read_voice_info)
 from tts_cli.config import REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, WAVEGLOW_MEMORY_SHARE, Settings
-from tts_cli.engine import PRECISIONS, Engine, SynthesisSettings, resolve_device, resolve_precision
+from tts_cli.engine import Engine, SynthesisSettings, precision_name, resolve_device, resolve_precision
 from tts_cli.errors import FatalError, first_line
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2
 from tts_cli.voice import ResolvedVoice, Voice, choose_voice, resolve_voice
@@ -29,8 +29,8 @@ def load_engine(settings: Settings, voice: ResolvedVoice) -> tuple[Engine, Setti
     denoiser that cannot act) are in ``engine.notices``."""
     device = _confirmed_device(voice.device, settings.device)
     dtype, _ = resolve_precision(device, voice.precision)
-    settings = with_voice(settings, voice_settings(voice.files.waveglow))
-    tacotron2, waveglow = load_models(settings, voice.files)
+    tacotron2, waveglow, own = _load(voice.files)
+    settings = with_voice(settings, _with_reference_values(own, voice.files.waveglow))
     return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, device)), settings
 
 
@@ -59,8 +59,7 @@ def make_engine(settings: Settings, notices: list[str]) -> Engine:
 def engine_voice(engine: Engine, settings: Settings) -> tuple[ResolvedVoice, Settings]:
     """The voice of an engine the caller built (no files to hash), and the
     run's settings with its sample rate and denoiser strength."""
-    precision = next(name for name, dtype in PRECISIONS.items() if dtype == engine.dtype)
-    voice = ResolvedVoice(None, {"engine": "given by the caller"}, str(engine.device), precision,
+    voice = ResolvedVoice(None, {"engine": "given by the caller"}, str(engine.device), precision_name(engine.dtype),
                           "the caller's engine")
     info = VoiceInfo(sample_rate=REFERENCE_SAMPLE_RATE, denoiser_strength=engine.settings.denoiser_strength)
     return voice, with_voice(settings, info)
@@ -75,6 +74,11 @@ def voice_settings(waveglow: Path) -> VoiceInfo:
         own = read_voice_info(waveglow)
     except CheckpointError as e:
         raise FatalError(str(e)) from None
+    return _with_reference_values(own, waveglow)
+
+
+def _with_reference_values(own: VoiceInfo, waveglow: Path) -> VoiceInfo:
+    """What ``own`` (the file ``waveglow``'s entry) leaves out, the reference's."""
     return VoiceInfo(name=_unless_set(own.name, waveglow.stem),
                      sample_rate=_unless_set(own.sample_rate, REFERENCE_SAMPLE_RATE),
                      denoiser_strength=_unless_set(own.denoiser_strength, REFERENCE_DENOISER_STRENGTH))
@@ -93,14 +97,19 @@ def _unless_set(value, otherwise):
 
 def load_models(settings: Settings, voice: Voice | None = None) -> tuple[Tacotron2, WaveGlow]:
     """The two models of ``voice`` (the files), by default ``choose_voice(settings)``."""
-    voice = voice or choose_voice(settings)
+    tacotron2, waveglow, _ = _load(voice or choose_voice(settings))
+    return tacotron2, waveglow
+
+
+def _load(voice: Voice) -> tuple[Tacotron2, WaveGlow, VoiceInfo]:
+    """The two models and what the WaveGlow file says of its voice; each file read once."""
     try:
         tacotron2_sd = load_tacotron2_weights(voice.tacotron2)
-        waveglow_sd = load_waveglow_weights(voice.waveglow)
+        waveglow_sd, own = load_waveglow(voice.waveglow)
     except CheckpointError as e:
         raise FatalError(str(e)) from None
     return (_build(Tacotron2, tacotron2_sd, voice.tacotron2),
-            _build(WaveGlow, waveglow_sd, voice.waveglow))
+            _build(WaveGlow, waveglow_sd, voice.waveglow), own)
 
 
 def _build(model_class, state_dict, path: Path):
