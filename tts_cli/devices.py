@@ -8,9 +8,9 @@ it must be known then:
   says later whether it exists (``engine.resolve_device``);
 * with none asked for, CUDA is expected where the installed torch was built
   for CUDA or ROCm (its ``version.py``, read as text) and the machine shows a
-  GPU that ``CUDA_VISIBLE_DEVICES`` does not hide. torch has the last word:
-  where it finds no usable GPU after all, the run plans again on CPU and
-  says so (``pipeline``).
+  GPU that ``CUDA_VISIBLE_DEVICES`` does not hide. torch has the last word
+  when the models load: where it cannot use that GPU after all, the run ends
+  in one line saying so and how to run on CPU (``loading``).
 """
 from __future__ import annotations
 

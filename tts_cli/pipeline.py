@@ -95,7 +95,7 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
     with the whole run raise FatalError; SIGINT/SIGTERM raise Interrupted
     once the manifest is saved.
 
-    Under torchrun (``group``, see _distributed().py) every process plans the
+    Under torchrun (``group``, see distributed.py) every process plans the
     whole corpus alike, synthesizes its share of the lines left to do, keeps
     its rows in its own partial manifest, and rank 0 merges them into the
     manifest at the end; only rank 0's summary covers the whole job.
