@@ -112,11 +112,17 @@ def test_duplicate_ids_stop_before_any_work(tmp_path, tiny_checkpoints):
     assert not out.exists()
 
 
-def test_a_bad_checkpoint_is_one_line_naming_the_file(tmp_path, tiny_checkpoints):
+def hello_and_a_broken_waveglow(tmp_path, tiny_checkpoints):
+    """A one-line corpus, and a WaveGlow file cut short."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("hello\n")
     broken = tmp_path / "broken.pt"
     broken.write_bytes(tiny_checkpoints[1].read_bytes()[:1000])
+    return corpus, broken
+
+
+def test_a_bad_checkpoint_is_one_line_naming_the_file(tmp_path, tiny_checkpoints):
+    corpus, broken = hello_and_a_broken_waveglow(tmp_path, tiny_checkpoints)
     result = run([str(corpus), "-o", str(tmp_path / "out")], (tiny_checkpoints[0], broken))
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line]
@@ -210,10 +216,7 @@ def test_the_summary_counts_in_words(tmp_path, tiny_checkpoints):
 
 
 def test_a_run_that_fails_before_any_work_leaves_the_output_as_it_found_it(tmp_path, tiny_checkpoints):
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("hello\n")
-    broken = tmp_path / "broken.pt"
-    broken.write_bytes(tiny_checkpoints[1].read_bytes()[:1000])
+    corpus, broken = hello_and_a_broken_waveglow(tmp_path, tiny_checkpoints)
     result = run([str(corpus), "-o", str(tmp_path / "new")], (tiny_checkpoints[0], broken))
     assert result.exit_code == 2 and not (tmp_path / "new").exists()
     (tmp_path / "empty").mkdir()
