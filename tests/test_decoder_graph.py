@@ -56,7 +56,7 @@ def test_a_batch_that_never_stops_runs_to_the_step_limit_and_is_truncated():
     cfg = DecodeSettings(max_decoder_steps=21)          # not a multiple of the 8 steps per graph
     ids, lengths = pad_sequences(lines(4, 9))
     with torch.inference_mode():
-        mel, frames, truncated = GraphedDecoder(model, cfg, steps_per_graph=8).decode(
+        mel, frames, truncated, _ = GraphedDecoder(model, cfg, steps_per_graph=8).decode(
             ids, lengths, torch.tensor([1, 2]))
     assert frames.tolist() == [21, 21] and truncated.all()
     assert mel.shape[2] == 21
@@ -69,7 +69,7 @@ def test_decoding_stops_one_graph_after_the_last_real_line_stops():
     decoder = GraphedDecoder(model, DecodeSettings(max_decoder_steps=40), steps_per_graph=8)
     ids, lengths = pad_sequences(lines(6, 6, 6))
     with torch.inference_mode():
-        _, frames, _ = decoder.decode(ids, lengths, torch.tensor([1, 2, 3]), torch.tensor([5, 8, 3]))
+        _, frames, _, _ = decoder.decode(ids, lengths, torch.tensor([1, 2, 3]), torch.tensor([5, 8, 3]))
     assert frames.tolist() == [5, 8, 3]
     (graph,) = decoder.graphs.values()
     # all done after the first 8 steps; the flag is read one replay late

@@ -387,7 +387,7 @@ def test_tacotron2_trains_resumes_and_exports_a_loadable_voice(tone_data, tmp_pa
     assert saved["state_dict"]["module.embedding.weight"].dtype == torch.float16
     model = Tacotron2.from_state_dict(checkpoints.load_tacotron2_weights(out / "demo_tacotron2.pt"))
     ids = torch.tensor([[30, 31, 32, 11, 40]])
-    mels, frames, _ = decode(model, ids, torch.tensor([5]), torch.tensor([7]),
+    mels, frames, _, _ = decode(model, ids, torch.tensor([5]), torch.tensor([7]),
                              DecodeSettings(max_decoder_steps=20, prenet_dropout=0.5))
     assert mels.shape[1] == 80 and 1 <= int(frames[0]) <= 20
     assert bool(torch.isfinite(mels).all())

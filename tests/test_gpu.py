@@ -151,15 +151,15 @@ def test_graphed_decoder_with_its_kernels_equals_the_eager_decode_for_every_shap
         graphed = GraphedDecoder(model, cfg)
         assert graphed.attention is not None and graphed.few_rows is not None
         assert (graphed.prenet is not None) == (len(dims.prenet_dims) == 2)
-        mel, frames, truncated = graphed.decode(ids, lengths, seeds, override)
-        ref_mel, ref_frames, ref_truncated = decode(model, ids, lengths, seeds, cfg, override)
+        mel, frames, truncated, path = graphed.decode(ids, lengths, seeds, override)
+        ref_mel, ref_frames, ref_truncated, ref_path = decode(model, ids, lengths, seeds, cfg, override)
         assert frames.tolist() == ref_frames.tolist() and truncated.tolist() == ref_truncated.tolist()
         err = rel(mel, ref_mel)
         print(f"{dtype}: graphed decoder vs eager, {frames.tolist()} frames: mel rel err {err:.2e}")
         assert err < TOLERANCE[dtype]
         for i in range(3):
             n = int(lengths[i])
-            alone, _, _ = graphed.decode(ids[i: i + 1, :n], lengths[i: i + 1], seeds[i: i + 1],
+            alone, _, _, _ = graphed.decode(ids[i: i + 1, :n], lengths[i: i + 1], seeds[i: i + 1],
                                          None if override is None else override[i: i + 1])
             assert rel(alone[0], mel[i, :, : alone.shape[2]]) < TOLERANCE[dtype]
 

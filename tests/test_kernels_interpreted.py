@@ -354,8 +354,8 @@ def _graph_decoder_errors(plug) -> dict:
     seeds, cfg = torch.tensor([4, 5, 6]), DecodeSettings(max_decoder_steps=40)
     with torch.inference_mode():
         graphed = plug(decoder_graph, model, cfg)
-        mel, frames, truncated = graphed.decode(ids, lengths, seeds)
-        ref_mel, ref_frames, ref_truncated = decode(model, ids, lengths, seeds, cfg)
+        mel, frames, truncated, path = graphed.decode(ids, lengths, seeds)
+        ref_mel, ref_frames, ref_truncated, ref_path = decode(model, ids, lengths, seeds, cfg)
     return {"frames": frames.tolist(), "expected_frames": ref_frames.tolist(),
             "same_stops": frames.tolist() == ref_frames.tolist()
             and truncated.tolist() == ref_truncated.tolist() and mel.shape == ref_mel.shape,

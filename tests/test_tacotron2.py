@@ -35,14 +35,14 @@ def run(model, seqs, seeds=None, **settings):
 
 
 def test_a_line_stops_at_the_first_gate_above_threshold_and_keeps_that_frame():
-    _, frames, truncated = run(tiny_tacotron2(gate_bias=10.0), lines(5, 9))
+    _, frames, truncated, _ = run(tiny_tacotron2(gate_bias=10.0), lines(5, 9))
     assert frames.tolist() == [1, 1]
     assert not truncated.any()
 
 
 def test_threshold_is_strict_and_a_line_that_never_stops_is_truncated():
     # A gate logit of exactly 0 gives sigmoid 0.5, which is not > 0.5.
-    mel, frames, truncated = run(tiny_tacotron2(gate_bias=0.0), lines(5, 9), max_decoder_steps=23)
+    mel, frames, truncated, _ = run(tiny_tacotron2(gate_bias=0.0), lines(5, 9), max_decoder_steps=23)
     assert frames.tolist() == [23, 23]
     assert truncated.all()
     assert mel.shape[2] == 23
@@ -55,11 +55,11 @@ def test_batched_output_equals_one_line_at_a_time():
     frames_forced = torch.tensor([9, 40, 25, 3])
     ids, lengths = pad_sequences(seqs)
     cfg = DecodeSettings(max_decoder_steps=40)
-    mel, frames, _ = decode(model, ids, lengths, torch.tensor(seeds), cfg, frames_forced)
+    mel, frames, _, _ = decode(model, ids, lengths, torch.tensor(seeds), cfg, frames_forced)
     assert frames.tolist() == frames_forced.tolist()
     for i, seq in enumerate(seqs):
         one_ids, one_len = pad_sequences([seq])
-        alone, n, _ = decode(model, one_ids, one_len, torch.tensor(seeds[i:i + 1]), cfg, frames_forced[i:i + 1])
+        alone, n, _, _ = decode(model, one_ids, one_len, torch.tensor(seeds[i:i + 1]), cfg, frames_forced[i:i + 1])
         assert torch.allclose(mel[i, :, : int(n)], alone[0], atol=1e-5), f"line {i} differs in a batch"
         assert mel[i, :, int(n):].abs().max() == 0 if mel.shape[2] > n else True
 
@@ -67,20 +67,20 @@ def test_batched_output_equals_one_line_at_a_time():
 def test_gate_driven_stops_match_between_batch_and_alone():
     model = tiny_tacotron2(seed=5)
     seqs = lines(4, 30, 12, seed=2)
-    _, frames, truncated = run(model, seqs, seeds=[1, 2, 3])
+    _, frames, truncated, _ = run(model, seqs, seeds=[1, 2, 3])
     for i, seq in enumerate(seqs):
-        _, n, t = run(model, [seq], seeds=[i + 1])
+        _, n, t, _ = run(model, [seq], seeds=[i + 1])
         assert (int(n), bool(t)) == (int(frames[i]), bool(truncated[i]))
 
 
 def test_prenet_dropout_follows_the_line_seed():
     model = tiny_tacotron2(seed=1, gate_bias=-10.0)
     seq = lines(12)
-    a, _, _ = run(model, seq, seeds=[7], max_decoder_steps=10)
-    b, _, _ = run(model, seq, seeds=[7], max_decoder_steps=10)
-    c, _, _ = run(model, seq, seeds=[8], max_decoder_steps=10)
+    a, _, _, _ = run(model, seq, seeds=[7], max_decoder_steps=10)
+    b, _, _, _ = run(model, seq, seeds=[7], max_decoder_steps=10)
+    c, _, _, _ = run(model, seq, seeds=[8], max_decoder_steps=10)
     assert torch.equal(a, b)
     assert not torch.allclose(a, c)
-    d, _, _ = run(model, seq, seeds=[7], max_decoder_steps=10, prenet_dropout=0.0)
-    e, _, _ = run(model, seq, seeds=[8], max_decoder_steps=10, prenet_dropout=0.0)
+    d, _, _, _ = run(model, seq, seeds=[7], max_decoder_steps=10, prenet_dropout=0.0)
+    e, _, _, _ = run(model, seq, seeds=[8], max_decoder_steps=10, prenet_dropout=0.0)
     assert torch.equal(d, e), "without dropout the seed must not matter"

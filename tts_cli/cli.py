@@ -1,6 +1,7 @@
 """The ``tts-batch`` command: thin; all work happens in pipeline.py.
 
-Exit status: 0 when no line ended in ``error``, 1 when some did, 2 for usage
+Exit status: 0 when no line ended in ``error``, 1 when some did (with
+``--strict``, also ``suspect`` or ``truncated``), 2 for usage
 errors (bad option, recipe, corpus ids or checkpoint file) and for an output
 directory that cannot be written; 130 after SIGINT, 143 after SIGTERM.
 """
@@ -90,6 +91,26 @@ def main():
 @click.option("--waveglow-memory", type=click.FloatRange(min=0, min_open=True),
               metavar="GIB", help="Memory WaveGlow's activations may take at once; a batch runs in "
                                   f"slices within it (audio unchanged). {default_help('waveglow_memory')}")
+@click.option("--check-alignment/--no-check-alignment", default=None,
+              help="Measure where each line's attention went, retry the lines that fail the thresholds "
+                   f"below and mark those that still fail suspect. {default_help('check_alignment')}")
+@click.option("--retries", type=click.IntRange(0, 20),
+              help=f"New attempts, each with its own seed, at a line that fails. {default_help('retries')}")
+@click.option("--min-coverage", type=click.FloatRange(0, 1),
+              help=f"Least share of a line's symbols the attention must visit. {default_help('min_coverage')}")
+@click.option("--min-focus", type=click.FloatRange(0, 1),
+              help=f"Least mean peak attention weight. {default_help('min_focus')}")
+@click.option("--max-forward-jump", type=click.IntRange(min=1), metavar="SYMBOLS",
+              help=f"Most symbols the attention may skip ahead at once. {default_help('max_forward_jump')}")
+@click.option("--max-backward-jump", type=click.IntRange(min=0), metavar="SYMBOLS",
+              help=f"Most symbols the attention may go back at once. {default_help('max_backward_jump')}")
+@click.option("--end-margin", type=click.IntRange(min=0), metavar="SYMBOLS",
+              help=f"Most symbols left unread when the gate fires. {default_help('end_margin')}")
+@click.option("--max-frames-per-symbol", type=click.FloatRange(min=0, min_open=True),
+              help=f"Most mel frames per input symbol. {default_help('max_frames_per_symbol')}")
+@click.option("--strict", is_flag=True, default=None,
+              help="Exit 1 when a line is suspect or truncated, as when one fails (for jobs that must not "
+                   "publish bad audio).")
 @click.option("--force", is_flag=True, default=None,
               help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")
@@ -107,7 +128,8 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
             click.echo(_summary_lines(summary, out_dir), err=True)
         # Rank 0 alone knows the whole job's outcome; under torchrun a failing
         # process would also make torchrun stop the others.
-        failed = summary.counts["error"] and (group is None or group.rank == 0)
+        bad = summary.counts["error"] + (settings.strict and summary.counts["suspect"] + summary.counts["truncated"])
+        failed = bad and (group is None or group.rank == 0)
         sys.exit(signals.exit_status or (EXIT_LINE_ERRORS if failed else 0))
 
 
@@ -203,7 +225,8 @@ def _summary_lines(summary, out_dir: Path) -> str:
         return (f"nothing to do: {_counts(summary)}; {summary.reused:,} reused from an earlier run "
                 f"({summary.audio_seconds:.1f} s of audio); {seed}; manifest: {manifest}")
     clipped = f"; {plural(summary.clipped_samples, 'sample')} clipped" if summary.clipped_samples else ""
-    return (f"{_counts(summary)}; {summary.reused:,} reused from an earlier run{clipped}\n"
+    retried = f"; {plural(summary.retried, 'line')} retried" if summary.retried else ""
+    return (f"{_counts(summary)}; {summary.reused:,} reused from an earlier run{retried}{clipped}\n"
             f"{summary.made_seconds:.1f} s of audio made in {summary.wall_seconds:.1f} s "
             f"({summary.speed:.1f} audio seconds per second{_per_process(summary)}; "
             f"model load {summary.load_seconds:.1f} s); "

@@ -96,6 +96,15 @@ class Settings:
     piece_pause: float = 0.15           # seconds of silence between a cut line's pieces
     waveglow_memory: float | None = None  # GiB WaveGlow's activations may take (batches run in slices
                                           # within it); None: a share of the machine's (voice.py)
+    check_alignment: bool = True        # measure each line's attention and retry lines that fail (alignment.py)
+    retries: int = 2                    # new attempts, each with its own seed, for a line that fails
+    min_coverage: float = 0.75          # alignment thresholds: see alignment.Thresholds and the README
+    min_focus: float = 0.5
+    max_forward_jump: int = 8
+    max_backward_jump: int = 8
+    end_margin: int = 3
+    max_frames_per_symbol: float = 12.0
+    strict: bool = False                # exit status 1 when a line is suspect or truncated, as for errors
     force: bool = False                 # redo every line, reusing nothing from an earlier run
     quiet: bool = False                 # no progress bar or summary
 
@@ -122,6 +131,13 @@ def _problems(s: Settings) -> list[tuple[str, str]]:
          "max_symbols_per_piece must be >= 0 (0 disables splitting)"),
         ("piece_pause", 0 <= s.piece_pause <= 10, "piece_pause must be between 0 and 10 seconds"),
         ("waveglow_memory", s.waveglow_memory is None or s.waveglow_memory > 0, "waveglow_memory must be > 0"),
+        ("retries", 0 <= s.retries <= 20, "retries must be between 0 and 20"),
+        ("min_coverage", 0 <= s.min_coverage <= 1, "min_coverage must be between 0 and 1"),
+        ("min_focus", 0 <= s.min_focus <= 1, "min_focus must be between 0 and 1"),
+        ("max_forward_jump", s.max_forward_jump >= 1, "max_forward_jump must be >= 1"),
+        ("max_backward_jump", s.max_backward_jump >= 0, "max_backward_jump must be >= 0"),
+        ("end_margin", s.end_margin >= 0, "end_margin must be >= 0"),
+        ("max_frames_per_symbol", s.max_frames_per_symbol > 0, "max_frames_per_symbol must be > 0"),
         ("sample_format", s.sample_format in SAMPLE_FORMATS,
          f"sample_format must be one of {', '.join(SAMPLE_FORMATS)}"),
         ("format", s.format in CORPUS_FORMATS, f"format must be one of {', '.join(CORPUS_FORMATS)}"),
@@ -156,7 +172,7 @@ def default_help(name: str) -> str:
     """``[default: ...]`` for an option's help: Settings' default (the
     default recipe sets none), or what leaving it unset means."""
     value = FIELDS[name].default
-    shown = UNSET_MEANS[name] if value is None else ("off" if value is False else value)
+    shown = UNSET_MEANS[name] if value is None else {False: "off", True: "on"}.get(value, value)
     return f"[default: {shown}]"
 
 

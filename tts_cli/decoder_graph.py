@@ -35,8 +35,8 @@ from torch import Tensor, nn
 
 from tts_cli import kernels as triton_kernels
 from tts_cli.kernels import decoder as kernels
-from tts_cli.tacotron2 import (Attention, DecodeSettings, Decoder, DecoderState, Prenet, Tacotron2,
-                               masks_for_steps)
+from tts_cli.tacotron2 import (Attention, AttentionPath, DecodeSettings, Decoded, Decoder, DecoderState,
+                               Prenet, Tacotron2, masks_for_steps)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -65,6 +65,10 @@ class _Graph:
     frames: Tensor            # (K, B, n_mel) this graph's frames, copied into mels once after its K steps
     gates: Tensor             # (K, B) this graph's gate logits, judged once after its K steps
     offsets: Tensor           # (K,) 0..K-1
+    positions: Tensor         # (max_steps + K, B) the attention's peak symbol by step
+    peaks: Tensor             # (max_steps + K, B) its weight
+    step_positions: Tensor    # (K, B) this graph's, copied into positions once after its K steps
+    step_peaks: Tensor        # (K, B)
 
 
 class _FusedAttention:
@@ -197,7 +201,7 @@ class GraphedDecoder:
 
     @torch.inference_mode()
     def decode(self, ids: Tensor, lengths: Tensor, seeds: Tensor,
-               frame_override: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+               frame_override: Tensor | None = None) -> Decoded:
         """Same contract as ``tacotron2.decode``."""
         b, t = ids.shape
         memory, invalid = self.model.encode(ids, lengths)
@@ -207,7 +211,8 @@ class GraphedDecoder:
         frames = g.stop_at[:b].clamp(max=steps_run)
         n = int(frames.max())
         mel = g.mels[:n, :b].permute(1, 2, 0)
-        return self.model.postprocess(mel, frames), frames, ~g.gated[:b]
+        path = AttentionPath(g.positions[:n, :b].t(), g.peaks[:n, :b].t())
+        return Decoded(self.model.postprocess(mel, frames), frames, ~g.gated[:b], path)
 
     def _run(self, g: _Graph) -> int:
         """Replays until every row has stopped; returns steps run."""
@@ -250,6 +255,10 @@ class GraphedDecoder:
         g.stop_at[b:] = 0                # padding rows count as stopped from the start
         g.gated[b:] = True
 
+    def captured(self, batch: int, symbols: int) -> bool:
+        """Whether the graph a batch of this shape replays is captured."""
+        return (_batch_bucket(batch), _round_up(symbols, self.memory_bucket)) in self.graphs
+
     @torch.inference_mode()
     def prepare(self, shapes: set[tuple[int, int]]) -> None:
         """Capture the graphs for these (batch, symbols) shapes now, before other
@@ -281,7 +290,11 @@ class GraphedDecoder:
             mels=like.new_zeros(self.cfg.max_decoder_steps + self.k, b, self.model.dims.n_mel),
             frames=like.new_zeros(self.k, b, self.model.dims.n_mel),
             gates=like.new_zeros(self.k, b),
-            offsets=torch.arange(self.k, device=like.device))
+            offsets=torch.arange(self.k, device=like.device),
+            positions=torch.zeros(self.cfg.max_decoder_steps + self.k, b, dtype=torch.long, device=like.device),
+            peaks=like.new_zeros(self.cfg.max_decoder_steps + self.k, b),
+            step_positions=torch.zeros(self.k, b, dtype=torch.long, device=like.device),
+            step_peaks=like.new_zeros(self.k, b))
         if not self.on_cuda:
             return g
         start = time.perf_counter()
@@ -302,7 +315,8 @@ class GraphedDecoder:
 
     def _steps(self, g: _Graph) -> None:
         """K decoder steps on the static buffers (what the graph records).
-        Each step only stores its frame and gate logit; which rows stopped
+        Each step only stores its frame, its gate logit and where its
+        attention peaked (one reduction); which rows stopped
         where is worked out once for all K steps (a row runs on after its
         stop either way: its later frames are cut off), which saves ~10 small
         kernels a step."""
@@ -327,7 +341,10 @@ class GraphedDecoder:
             if rows is None:
                 g.frames[j].copy_(state.frame)
                 g.gates[j].copy_(gate)
+            torch.max(state.attention_weights, 1, out=(g.step_peaks[j], g.step_positions[j]))
         g.mels.index_copy_(0, g.step + g.offsets, g.frames)
+        g.positions.index_copy_(0, g.step + g.offsets, g.step_positions)
+        g.peaks.index_copy_(0, g.step + g.offsets, g.step_peaks)
         self._judge_stops(g)
         for static, new in zip(g.state.tensors(), state.tensors()):
             static.copy_(new)

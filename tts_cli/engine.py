@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import queue
 import threading
 from collections.abc import Iterable, Iterator
@@ -16,11 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tts_cli.alignment import Checked, Health, Thresholds, best
 from tts_cli.batching import pad_sequences
 from tts_cli.config import REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
 from tts_cli.devices import expected_precision
 from tts_cli.errors import first_line
-from tts_cli.tacotron2 import DecodeSettings, Tacotron2, decode
+from tts_cli.tacotron2 import DecodeSettings, Decoded, Tacotron2, alignment_measures, decode
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.waveglow import Denoiser, WaveGlow
 from tts_cli.waveglow_fast import FastWaveGlow, supports, waveglow_rows_within
@@ -145,6 +147,9 @@ class SynthesisSettings:
     # was a third of the audio's bytes and half the pinned blocks of a run
     # (the pipeline asks for them only with --save-mels).
     return_mels: bool = True
+    # Each line's alignment checked against these, and a line that fails
+    # decoded again with its retry seeds (Job.retry_seeds); None: no checks.
+    alignment: Thresholds | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,9 @@ class Job:
     seed: int               # its own seed (prenet dropout, WaveGlow noise)
     frames: int | None = None  # decode exactly this many frames, the gate aside (the bench; tests)
     index: int = -1         # the caller's number for it (the pipeline's: its place in the run's work)
+    retry_seeds: tuple[int, ...] = ()  # the seeds of its retries, should its alignment fail
+    # Set by the decoder: the kept attempt's alignment check (``seed`` is then that attempt's).
+    checked: Checked | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,7 @@ class Result:
     mel: np.ndarray | None  # (n_mel, frames) float32, the postnet mel; None unless return_mels
     frames: int
     truncated: bool         # hit max_decoder_steps without the gate firing
+    checked: Checked | None = None   # its alignment check; None when the run checks none
 
 
 # Both streams run at the default CUDA priority: the decoder's stream at the
@@ -253,6 +262,78 @@ class Engine:
         return decode(self.tacotron2, ids, lengths, seeds, self.settings.decode, override)
 
     @torch.inference_mode()
+    def decode_checked(self, jobs: list[Job], alone=None):
+        """``decode_only`` with the alignment checks: a line that fails them
+        is decoded again with each of its retry seeds in turn until one
+        passes, and its best attempt kept (``alignment.best``). Returns the
+        jobs as kept (each with its kept attempt's seed, which WaveGlow's
+        noise then follows, and its ``checked``), the kept attempts'
+        (mel, frames, truncated), and their frames and verdicts on the host.
+        A job with forced frames is checked but not retried. ``alone(b, t)``:
+        a context to decode a batch of b lines of up to t symbols in, when
+        that shape was not met before (on CUDA it may need a graph captured)."""
+        t = self.settings.alignment
+        decoded = self.decode_only(jobs)
+        if t is None:
+            return jobs, decoded[:3], (decoded.frames.tolist(), decoded.truncated.tolist())
+        tried = [[health] for health in self._health(jobs, decoded)]
+        attempts, rows = [decoded], [list(range(len(jobs)))]   # attempt k decoded rows[k]
+        failing = [n for n, job in enumerate(jobs) if job.frames is None and tried[n][0].failures(t)]
+        for k in range(1, 1 + max(len(job.retry_seeds) for job in jobs)):
+            failing = [n for n in failing if len(jobs[n].retry_seeds) >= k]
+            if not failing:
+                break
+            again = [dataclasses.replace(jobs[n], seed=jobs[n].retry_seeds[k - 1]) for n in failing]
+            with alone(len(again), max(len(job.ids) for job in again)) if alone else contextlib.nullcontext():
+                attempts.append(self.decode_only(again))
+            rows.append(failing)
+            for n, health in zip(failing, self._health(again, attempts[-1])):
+                tried[n].append(health)
+            failing = [n for n in failing if tried[n][-1].failures(t)]
+        kept = [best(healths, t) for healths in tried]
+        kept_jobs = [dataclasses.replace(job, seed=job.seed if k == 0 else job.retry_seeds[k - 1],
+                                         checked=Checked(tried[n][k], tuple(tried[n][k].failures(t)), k + 1,
+                                                         len(tried[n])))
+                     for n, (job, k) in enumerate(zip(jobs, kept))]
+        return kept_jobs, self._kept(attempts, rows, kept), ([h[k].frames for h, k in zip(tried, kept)],
+                                                             [not h[k].gated for h, k in zip(tried, kept)])
+
+    def _health(self, jobs: list[Job], decoded: Decoded) -> list["_Measured"]:
+        """Each row's alignment measures, read to the host in one copy."""
+        lengths = torch.tensor([len(job.ids) for job in jobs], device=self.device)
+        measures = alignment_measures(decoded.attention, decoded.frames, lengths, max(len(j.ids) for j in jobs))
+        names = list(measures)
+        table = torch.stack([measures[name].double() for name in names]
+                            + [decoded.frames.double(), decoded.truncated.double()], 1).tolist()
+        return [_Measured(frames=int(row[-2]), gated=not row[-1],
+                          **{name: (int(v) if name in _WHOLE else v) for name, v in zip(names, row)})
+                for row in table]
+
+    @staticmethod
+    def _kept(attempts: list[Decoded], rows: list[list[int]], kept: list[int]):
+        """(mel, frames, truncated) of each row's kept attempt."""
+        first = attempts[0]
+        if not any(kept):
+            return first.mel, first.frames, first.truncated
+        longest = max(int(attempts[k].frames[rows[k].index(n)]) for n, k in enumerate(kept))
+        mel = first.mel.new_zeros(first.mel.shape[0], first.mel.shape[1], longest)
+        width = min(longest, first.mel.shape[2])
+        mel[:, :, :width] = first.mel[:, :, :width]
+        frames, truncated = first.frames.clone(), first.truncated.clone()
+        for k in range(1, len(attempts)):
+            mine = [n for n in rows[k] if kept[n] == k]
+            if not mine:
+                continue
+            at = torch.tensor([rows[k].index(n) for n in mine], device=mel.device)
+            to = torch.tensor(mine, device=mel.device)
+            width = min(longest, attempts[k].mel.shape[2])
+            mel[to] = 0
+            mel[to, :, :width] = attempts[k].mel[at, :, :width]
+            frames[to] = attempts[k].frames[at]
+            truncated[to] = attempts[k].truncated[at]
+        return mel, frames, truncated
+
+    @torch.inference_mode()
     def vocode(self, mel: torch.Tensor, frames: torch.Tensor,
                seeds: torch.Tensor | None = None) -> torch.Tensor:
         """WaveGlow for one batch: float32 audio (B, F*hop), garbage past frames*hop."""
@@ -276,7 +357,8 @@ class Engine:
     @torch.inference_mode()
     def synthesize(self, jobs: list[Job]) -> list[Result]:
         """One batch, results in the order of ``jobs``."""
-        return self._vocode_and_finish(jobs, *self.decode_only(jobs))
+        kept, decoded, host = self.decode_checked(jobs)
+        return self._vocode_and_finish(kept, *decoded)
 
     @torch.inference_mode()
     def _vocode_and_finish(self, jobs: list[Job], mel: torch.Tensor, frames: torch.Tensor,
@@ -309,7 +391,8 @@ class Engine:
         audio = launched.audio.numpy()
         mel = launched.mel.numpy() if launched.mel is not None else None
         return [Result(audio=audio[i, : n * self.hop_length], mel=mel[i, :, :n] if mel is not None else None,
-                       frames=n, truncated=launched.cut[i]) for i, n in enumerate(launched.counts)]
+                       frames=n, truncated=launched.cut[i], checked=launched.jobs[i].checked)
+                for i, n in enumerate(launched.counts)]
 
     def _denoise(self, audio: torch.Tensor, samples: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """The denoiser over a batch's audio, each item on its own samples,
@@ -402,9 +485,8 @@ class Engine:
         batch whose decoding ends after ``stop`` was set is dropped: WaveGlow
         would take far longer over it than the decoder did."""
         try:
-            decoded = self.decode_only(jobs)
             # frames and verdicts read on this stream, not behind WaveGlow's queue
-            host = (decoded[1].tolist(), decoded[2].tolist())
+            jobs, decoded, host = self.decode_checked(jobs, self._alone_for_new_shapes(gpu_alone))
         except torch.cuda.OutOfMemoryError as e:
             error = _failure(e)
         except RuntimeError as e:
@@ -423,6 +505,19 @@ class Engine:
             for half in _halves(jobs):
                 if not halt.is_set():
                     self._decode_split(half, out, stop, halt, gpu_alone)
+
+    def _alone_for_new_shapes(self, gpu_alone: threading.RLock):
+        """``decode_checked``'s ``alone``: a retry batch whose decoder graph
+        is not captured yet is decoded with the GPU to the decoder alone
+        (see ``synthesize_all``)."""
+        @contextlib.contextmanager
+        def alone(batch: int, symbols: int):
+            if self.graphed is not None and not self.graphed.captured(batch, symbols):
+                with gpu_alone:
+                    yield
+            else:
+                yield
+        return alone
 
     @torch.inference_mode()
     def _vocode_stage(self, decoded: queue.Queue, gpu_alone: threading.RLock, out: queue.Queue,
@@ -517,6 +612,16 @@ class Engine:
                 return
             longest = int(frames[part].max())
             self._vocode_split(jobs[part], (mel[part, :, :longest], frames[part], truncated[part]), out, halt)
+
+
+# alignment_measures' measures that count symbols
+_WHOLE = ("backward_jump", "forward_jump", "symbols_left")
+
+
+@dataclass(frozen=True)
+class _Measured(Health):
+    """A decoded row's health and its frames."""
+    frames: int = 0
 
 
 @dataclass

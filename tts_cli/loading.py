@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from tts_cli.alignment import Thresholds
 from tts_cli.checkpoints import (CheckpointError, VoiceInfo, load_tacotron2_weights, load_waveglow,
                                  read_voice_info)
 from tts_cli.config import REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, WAVEGLOW_MEMORY_SHARE, Settings
@@ -145,7 +146,8 @@ def synthesis_settings(s: Settings, device: torch.device | None = None) -> Synth
     memory = s.waveglow_memory or waveglow_memory_gib(device or resolve_device(s.device))
     strength = _unless_set(s.denoiser_strength, REFERENCE_DENOISER_STRENGTH)
     return SynthesisSettings(sigma=s.sigma, denoiser_strength=strength, decode=decode,
-                             waveglow_memory_gib=memory, return_mels=s.save_mels)
+                             waveglow_memory_gib=memory, return_mels=s.save_mels,
+                             alignment=Thresholds.from_settings(s))
 
 
 def waveglow_memory_gib(device: torch.device) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 
 from tts_cli.audio import atomic_write
 
-STATUSES = ("ok", "truncated", "skipped", "error")
+STATUSES = ("ok", "suspect", "truncated", "skipped", "error")
 
 # With ensure_ascii=False these characters are written raw, and
 # str.splitlines() (used by many jsonl readers) treats them as line breaks,
@@ -62,6 +62,10 @@ class ManifestRow:
     # Resume key: hash of everything that decides this line's audio (ids, models,
     # settings, seed). A re-run reuses the WAV when the key matches.
     key: str | None = None
+    # The attention's health (alignment.py): the kept attempt's measures and
+    # the attempts made; a cut line's worst, with each piece's under "pieces".
+    # None when the line was not synthesized or the run checked none.
+    alignment: dict | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

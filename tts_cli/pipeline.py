@@ -7,6 +7,7 @@ models (loading.py), and only when there is work."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from tts_cli import output_lock, resume
+from tts_cli.alignment import Checked, Thresholds, line_record, suspicion
 from tts_cli.audio import atomic_write, write_mel, write_wav
 from tts_cli.config import BATCH_SIZES, SHORTEST_FIRST, Settings
 from tts_cli.corpus import Utterance
@@ -73,6 +75,7 @@ class RunSummary:
     reused_seconds: float = 0.0   # audio of the reused lines, not made by this run
     processes: int = 1            # torchrun processes that shared the work
     made: int = 0                 # lines this run set out to synthesize (the whole job's)
+    retried: int = 0              # lines this run made more than one attempt at (alignment.py)
 
     @property
     def made_seconds(self) -> float:
@@ -170,10 +173,18 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                          wall_seconds=time.perf_counter() - started, load_seconds=load_seconds,
                          seed=seed, notices=notices, reused=len(reused_rows), seed_source=seed_source,
                          reused_seconds=sum(row.duration for row in reused_rows),
-                         processes=group.world if group else 1, made=len(pending))
+                         processes=group.world if group else 1, made=len(pending),
+                         retried=_retried(ordered, reused_rows))
     if signals.received is not None:
         raise Interrupted(signals.received, summary, checkpoint.path, *checkpoint.progress())
     return summary
+
+
+def _retried(rows: list[ManifestRow], reused: list[ManifestRow]) -> int:
+    """Lines this run made more than one attempt at."""
+    earlier = {row.line for row in reused}
+    return sum(1 for row in rows if row.line not in earlier and row.alignment
+               and row.alignment["attempts"] > (len(row.alignment.get("pieces", ())) or 1))
 
 
 def _plan_line(utterances: list[Utterance], pending: list[PendingLine], reused: list[ManifestRow],
@@ -380,7 +391,8 @@ def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Wr
     from tts_cli.engine import Job   # loaded with the models
     job_batches, n = [], 0
     for batch in share.batches:
-        job_batches.append([Job(p.pieces[i], p.seeds[i], index=n + k) for k, (p, i) in enumerate(batch)])
+        job_batches.append([Job(p.pieces[i], p.seeds[i], index=n + k, retry_seeds=tuple(p.retry_seeds[i]))
+                            for k, (p, i) in enumerate(batch)])
         n += len(batch)
     failure: OSError | None = None
     progress = _Progress(len(share.lines), settings.quiet)
@@ -485,13 +497,14 @@ class _Writer:
                 with contextlib.suppress(OSError):
                     (self.out_dir / name).unlink(missing_ok=True)
             raise
-        status, reason = _truncation(p.results, s.max_decoder_steps)
+        status, reason = _verdict(p.results, s.max_decoder_steps)
         return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=p.normalized,
                            audio_filepath=wav, duration=audio.shape[0] / s.sample_rate,
                            num_samples=int(audio.shape[0]),
                            mel_frames=sum(r.frames for r in p.results), status=status,
                            reason=reason, clipped_samples=clipped, seed=self.run_seed,
-                           mel_filepath=mel, pieces=len(p.results), key=p.key)
+                           mel_filepath=mel, pieces=len(p.results), key=p.key,
+                           alignment=_alignment_record(p.results, s))
 
     def _piece_path(self, p: PendingLine, i: int) -> Path:
         return self.out_dir / PIECES_DIR / f"{p.utterance.id}.{i}.npz"
@@ -505,6 +518,8 @@ class _Writer:
             arrays = {"audio": r.audio, "frames": np.array(r.frames), "truncated": np.array(r.truncated)}
             if r.mel is not None:
                 arrays["mel"] = r.mel
+            if r.checked is not None:
+                arrays["checked"] = np.array(json.dumps(r.checked.plain()))
         with atomic_write(self._piece_path(p, i)) as temp_path:
             with open(temp_path, "wb") as piece_file:
                 np.savez(piece_file, **arrays)
@@ -515,8 +530,9 @@ class _Writer:
             with np.load(self._piece_path(p, i), allow_pickle=False) as arrays:
                 if "failure" in arrays:
                     return _MadeElsewhere(str(arrays["failure"]))
+                checked = Checked.from_plain(json.loads(str(arrays["checked"]))) if "checked" in arrays else None
                 return Result(audio=arrays["audio"], mel=arrays["mel"] if "mel" in arrays else None,
-                              frames=int(arrays["frames"]), truncated=bool(arrays["truncated"]))
+                              frames=int(arrays["frames"]), truncated=bool(arrays["truncated"]), checked=checked)
         except (OSError, ValueError, KeyError) as e:
             return _MadeElsewhere(f"piece {i + 1} made by another process could not be read "
                                   f"({first_line(e)}); run the same command again")
@@ -549,9 +565,25 @@ def _failure_reason(e: Exception) -> str:
     return f"synthesis failed: {first_line(e)}"
 
 
-def _truncation(results: list[Result], max_steps: int) -> tuple[str, str | None]:
+def _verdict(results: list[Result], max_steps: int) -> tuple[str, str | None]:
+    """A made line's status and reason: ``truncated`` when a piece reached
+    max_decoder_steps, ``suspect`` when a piece's kept attempt fails the
+    alignment checks, else ``ok``."""
+    def where(pieces: list[int]) -> str:
+        return f" (piece {', '.join(map(str, pieces))} of {len(results)})" if len(results) > 1 else ""
     cut = [n for n, r in enumerate(results, start=1) if r.truncated]
-    if not cut:
+    if cut:
+        return "truncated", f"reached max_decoder_steps ({max_steps}) without the stop gate firing{where(cut)}"
+    if any(r.checked is None for r in results):
         return "ok", None
-    where = f" (piece {', '.join(map(str, cut))} of {len(results)})" if len(results) > 1 else ""
-    return "truncated", f"reached max_decoder_steps ({max_steps}) without the stop gate firing{where}"
+    reason = suspicion([r.checked for r in results])
+    return ("suspect", reason) if reason else ("ok", None)
+
+
+def _alignment_record(results: list[Result], settings: Settings) -> dict | None:
+    """The row's ``alignment``, when the run checks it."""
+    thresholds = Thresholds.from_settings(settings)
+    if thresholds is None or any(r.checked is None for r in results):
+        return None
+    return line_record([r.checked for r in results], thresholds)
+

@@ -28,6 +28,7 @@ class PendingLine:
     normalized: str
     pieces: list[list[int]]       # symbol ids of each piece
     seeds: list[int]              # each piece's seed
+    retry_seeds: list[list[int]] = field(default_factory=list)   # each piece's seeds for its retries
     key: str = ""
     results: list = field(default_factory=list)   # per piece: Result, Exception or None
 
@@ -53,10 +54,18 @@ def prepare_line(u: Utterance, run_seed: int, rows: dict[int, ManifestRow],
     if not pieces:
         rows[u.line] = row_without_audio(u, normalized, "skipped", "nothing speakable after cleaning", None)
         return None
-    seed = line_seed(run_seed, u.id)
-    # Ids never contain "/", so a piece's name cannot be another line's id.
-    seeds = [seed] if len(pieces) == 1 else [line_seed(run_seed, f"{u.id}/{i}") for i in range(len(pieces))]
-    return PendingLine(u, normalized, pieces, seeds, results=[None] * len(pieces))
+    # Ids never contain "/", so a piece's or a retry's name cannot be another line's id.
+    names = [u.id] if len(pieces) == 1 else [f"{u.id}/{i}" for i in range(len(pieces))]
+    retries = settings.retries if settings.check_alignment else 0
+    return PendingLine(u, normalized, pieces, [line_seed(run_seed, name) for name in names],
+                       [retry_seeds(run_seed, name, retries) for name in names], results=[None] * len(pieces))
+
+
+def retry_seeds(run_seed: int, name: str, retries: int) -> list[int]:
+    """The seeds of a line's (or piece's, ``<id>/<piece>``) retries: from
+    the run's seed, its name and the retry's number, so a re-run makes the
+    same attempts."""
+    return [line_seed(run_seed, f"{name}/retry{k}") for k in range(1, retries + 1)]
 
 
 def _pieces(text: str, ids: list[int], max_symbols: int) -> list[list[int]]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import soundfile as sf
 
+from tts_cli.alignment import Thresholds
 from tts_cli.config import Settings
 from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
@@ -33,7 +34,7 @@ MANIFEST_NAME = "manifest.jsonl"
 # a job that stopped before merging them leaves.
 PARTIAL_MANIFESTS = "manifest.rank-*-of-*.jsonl"
 # Statuses whose WAV a re-run may keep.
-REUSABLE = ("ok", "truncated")
+REUSABLE = ("ok", "suspect", "truncated")
 
 
 def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
@@ -46,7 +47,16 @@ def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
             "sigma": settings.sigma, "denoiser_strength": settings.denoiser_strength,
             "max_decoder_steps": settings.max_decoder_steps,
             "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
-            "sample_rate": settings.sample_rate, "sample_format": settings.sample_format}
+            "sample_rate": settings.sample_rate, "sample_format": settings.sample_format,
+            "alignment": _alignment_identity(settings)}
+
+
+def _alignment_identity(settings: Settings) -> dict | None:
+    """The checks and retries, which decide which attempt a line keeps."""
+    thresholds = Thresholds.from_settings(settings)
+    if thresholds is None:
+        return None
+    return {**thresholds.record(), "retries": settings.retries}
 
 
 def previous_rows(out_dir: Path) -> dict[str, dict]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -338,13 +339,64 @@ def masks_for_steps(seeds: Tensor, first: int | Tensor, k: int, d: Tacotron2Dims
     return [[m.view(k, b, -1)[j] for m in masks] for j in range(k)]
 
 
+class AttentionPath(NamedTuple):
+    """Where each row's attention was at each decoder step: the symbol with
+    the largest weight and that weight, recorded inside the decoder loop
+    (one reduction of the step's weights). Steps past a row's stop are
+    there too; ``alignment_measures`` reads each row's own steps only."""
+    positions: Tensor    # (B, steps) int64
+    peaks: Tensor        # (B, steps), the weights' dtype
+
+
+class Decoded(NamedTuple):
+    mel: Tensor          # (B, n_mel, F) postnet mel, zero past each row's frames
+    frames: Tensor       # (B,) frames per row
+    truncated: Tensor    # (B,) bool: max_decoder_steps reached without the gate firing
+    attention: AttentionPath
+
+
+def alignment_measures(path: AttentionPath, frames: Tensor, lengths: Tensor, symbols: int
+                       ) -> dict[str, Tensor]:
+    """Each row's alignment health over its own frames, as (B,) tensors,
+    computed where the path is (one batch of small reductions, no host
+    sync). ``symbols``: the padded length of the batch's ids.
+
+    ``coverage``: the share of the row's symbols that held the attention's
+    peak at some frame. ``focus``: the mean peak weight. ``backward_jump``
+    and ``forward_jump``: the largest steps back and ahead, in symbols, of
+    the peak's path smoothed by a median over three frames, so that a peak
+    that leaves for one frame and returns (common at a line's first frame,
+    where the attention has no location yet, and at pauses) is no jump;
+    the path's first position counts as a step ahead from the first
+    symbol. ``symbols_left``: the row's symbols after the peak at its last
+    frame. ``frames_per_symbol``."""
+    positions, peaks = path.positions, path.peaks.float()
+    steps = torch.arange(positions.shape[1], device=positions.device)
+    live = steps[None, :] < frames[:, None]                        # (B, steps)
+    n = frames.clamp(min=1)
+    last = (n - 1)[:, None]
+    # neighbours within each row's own frames, mirrored at its ends
+    def at(index: Tensor) -> Tensor:
+        return positions.gather(1, torch.minimum(index.clamp(min=0), last))
+    before = at(torch.where(steps == 0, 1, steps - 1)[None, :].expand_as(positions))
+    after = at(torch.where(steps[None, :] >= last, steps - 1, steps + 1))
+    smooth = torch.stack((before, positions, after)).median(0).values
+    smooth = torch.where(live, smooth, smooth[:, :1])
+    moved = torch.diff(smooth, dim=1, prepend=torch.zeros_like(smooth[:, :1]))
+    moved = torch.where(live, moved, torch.zeros_like(moved))
+    visited = torch.zeros(positions.shape[0], max(symbols, 1), dtype=torch.bool, device=positions.device)
+    visited.scatter_(1, torch.where(live, positions, positions[:, :1]), True)
+    at_stop = positions.gather(1, last).squeeze(1)
+    return {"coverage": visited.sum(1) / lengths, "focus": (peaks * live).sum(1) / n,
+            "backward_jump": (-moved).amax(1).clamp(min=0), "forward_jump": moved.amax(1).clamp(min=0),
+            "symbols_left": lengths - 1 - at_stop, "frames_per_symbol": frames / lengths}
+
+
 @torch.inference_mode()
 def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
-           cfg: DecodeSettings, frame_override: Tensor | None = None
-           ) -> tuple[Tensor, Tensor, Tensor]:
+           cfg: DecodeSettings, frame_override: Tensor | None = None) -> Decoded:
     """Plain (eager) batched greedy decode.
 
-    Returns (postnet mel (B, n_mel, F) zero-padded, frames (B,), truncated (B,) bool).
     A row stops at the first step where sigmoid(gate) > threshold and keeps that
     frame, as the reference does. ``frame_override`` (benchmark only) forces each
     row's stop step instead of the gate verdict; the gate is still computed.
@@ -353,7 +405,7 @@ def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
     processed_memory = model.decoder.attention_layer.memory_layer(memory)
     state = model.decoder.initial_state(memory)
     b = ids.shape[0]
-    frames_out, gates_out = [], []
+    frames_out, gates_out, peaks, positions = [], [], [], []
     stop_at = torch.full((b,), cfg.max_decoder_steps, dtype=torch.long, device=ids.device)
     k = cfg.stop_check_every
     for step in range(cfg.max_decoder_steps):
@@ -362,6 +414,9 @@ def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
         masks = masks_ahead[step % k] if masks_ahead is not None else None
         state, gate = model.decoder.step(state, memory, processed_memory, invalid, masks)
         frames_out.append(state.frame)
+        peak, position = state.attention_weights.max(1)
+        peaks.append(peak)
+        positions.append(position)
         stops = torch.sigmoid(gate.float()) > cfg.gate_threshold
         if frame_override is not None:
             stops = frame_override == step + 1
@@ -374,7 +429,8 @@ def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
     stopped_by_gate = torch.stack(gates_out, 1).any(1)
     frames = stop_at.clamp(max=mel.shape[2])
     mel = mel[:, :, : int(frames.max())]
-    return model.postprocess(mel, frames), frames, ~stopped_by_gate
+    path = AttentionPath(torch.stack(positions, 1), torch.stack(peaks, 1))
+    return Decoded(model.postprocess(mel, frames), frames, ~stopped_by_gate, path)
 
 
 # The shapes of NVIDIA's published tacotron2_statedict.pt (used by the benchmark,

@@ -98,7 +98,7 @@ def speak_batch(tacotron2: Tacotron2, waveglow: WaveGlow, denoiser: Denoiser, li
     ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True).to(device)
     lengths = torch.tensor([len(s) for s in seqs], device=device)
     seeds = torch.arange(len(lines), device=device, dtype=torch.long) + seed
-    mel, frames, truncated = decode(tacotron2, ids, lengths, seeds, settings)
+    mel, frames, truncated, _ = decode(tacotron2, ids, lengths, seeds, settings)
     audio = waveglow.infer(mel, frames, seeds, sigma)
     out = []
     for row in range(len(lines)):
@@ -309,7 +309,7 @@ def attention(args) -> dict:
         espeak_frames = torch.tensor([mel.shape[2]], device=args.device)
         forced = _teacher_forced(tacotron2, text, mel, espeak_frames, args.seed + i)["alignments"][0]
         recorded.clear()
-        _, frames, _ = decode(tacotron2, ids, lengths, torch.tensor([args.seed + i], device=args.device), settings)
+        _, frames, _, _ = decode(tacotron2, ids, lengths, torch.tensor([args.seed + i], device=args.device), settings)
         free = torch.stack(recorded[: int(frames[0])])
         lines[uid] = {"teacher_forced": path_measures(forced.float(), ids.shape[1]),
                       "free_running": path_measures(free, ids.shape[1])}

@@ -508,7 +508,7 @@ class HeldOutCheck:
         ids, lengths = self.held_out[:2]
         try:
             seeds = torch.arange(len(lengths), device=ids.device)
-            _, frames, truncated = decode(model, ids, lengths, seeds, self.settings)
+            _, frames, truncated, _ = decode(model, ids, lengths, seeds, self.settings)
             # the prenet's dropout is on at inference too: the same draws each check
             with torch.random.fork_rng(devices=[torch.cuda.current_device()] if "cuda" in self.device else []):
                 torch.manual_seed(0)
