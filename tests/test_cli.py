@@ -46,7 +46,7 @@ def test_every_line_gets_a_row_and_every_spoken_line_a_wav(tmp_path, tiny_checkp
     assert [r["id"] for r in rows] == ["000001", "000002", "000003", "000004", "000005", "000006"]
     assert [r["status"] for r in rows if r["line"] in (2, 4)] == ["skipped", "skipped"]
     assert rows[2]["normalized_text"] == "it cost three dollars, fifty cents in nineteen sixty-three."
-    spoken = [r for r in rows if r["status"] in ("ok", "truncated")]
+    spoken = [r for r in rows if r["status"] in ("ok", "suspect", "truncated")]
     assert len(spoken) == 4
     for r in spoken:
         audio, rate = sf.read(out / r["audio_filepath"], dtype="float32")
@@ -191,7 +191,7 @@ def test_a_corpus_on_stdin_runs_and_resumes_by_content(tmp_path, tiny_checkpoint
     out = tmp_path / "out"
     first = run(["-", "-o", str(out)], tiny_checkpoints, input="Hello there.\nA second line.\n")
     assert first.exit_code == 0, first.output
-    assert [r["status"] for r in manifest(out)] == ["ok", "ok"]
+    assert [r["status"] in ("ok", "suspect") for r in manifest(out)] == [True, True]
     tacotron2, waveglow = tiny_checkpoints
     again = CliRunner().invoke(main, ["-", "-o", str(out), "--tacotron2", str(tacotron2), "--waveglow",
                                       str(waveglow), "--device", "cpu", "--max-decoder-steps", "12"],

@@ -157,11 +157,41 @@ def test_graphed_decoder_with_its_kernels_equals_the_eager_decode_for_every_shap
         err = rel(mel, ref_mel)
         print(f"{dtype}: graphed decoder vs eager, {frames.tolist()} frames: mel rel err {err:.2e}")
         assert err < TOLERANCE[dtype]
+        # the attention's path: its peaks alike; its positions where no two
+        # symbols tie (random weights spread the attention thinly)
+        live = torch.arange(path.positions.shape[1], device="cuda")[None, :] < frames[:, None]
+        same = (path.positions == ref_path.positions)[live].float().mean().item()
+        peak_err = (path.peaks.float() - ref_path.peaks.float())[live].abs().max().item()
+        print(f"{dtype}: attention path: {same:.1%} of positions equal, peaks within {peak_err:.1e}")
+        assert same > 0.9 and peak_err < 10 * TOLERANCE[dtype]
         for i in range(3):
             n = int(lengths[i])
             alone, _, _, _ = graphed.decode(ids[i: i + 1, :n], lengths[i: i + 1], seeds[i: i + 1],
                                          None if override is None else override[i: i + 1])
             assert rel(alone[0], mel[i, :, : alone.shape[2]]) < TOLERANCE[dtype]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
+def test_the_graphed_decoders_alignment_measures_are_the_eager_decoders(dtype):
+    """On models whose attention is sharp by construction (aligned_models.py):
+    the measures the checks read, from CUDA graphs and kernels, equal the
+    eager decode's."""
+    from aligned_models import aligned_tacotron2
+    from tts_cli.tacotron2 import alignment_measures
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(1, 140, (n,), generator=g).tolist() for n in (7, 25, 60, 3, 41)]
+    ids, lengths = pad_sequences(seqs, device="cuda")
+    seeds = torch.arange(5, device="cuda")
+    cfg = DecodeSettings(max_decoder_steps=400)
+    for kind in (dict(), dict(repeat=True), dict(flaky=True), dict(jump=3)):
+        model = aligned_tacotron2(**kind).cuda().to(dtype)
+        graphed = GraphedDecoder(model, cfg).decode(ids, lengths, seeds)
+        eager = decode(model, ids, lengths, seeds, cfg)
+        assert graphed.frames.tolist() == eager.frames.tolist(), kind
+        ours, theirs = (alignment_measures(d.attention, d.frames, lengths, ids.shape[1]) for d in (graphed, eager))
+        for name in ours:
+            assert torch.allclose(ours[name].float(), theirs[name].float(), atol=TOLERANCE[dtype]), (kind, name)
 
 
 def engine(dtype):

@@ -249,6 +249,12 @@ class Engine:
         plain.fast, plain.graphed = False, None
         return plain
 
+    def unchecked(self) -> "Engine":
+        """This engine, on the same models and graphs, without the alignment checks."""
+        plain = copy.copy(self)
+        plain.settings = dataclasses.replace(self.settings, alignment=None)
+        return plain
+
     @torch.inference_mode()
     def decode_only(self, jobs: list[Job]):
         """Tacotron2 for one batch: (postnet mel (B, n_mel, F), frames (B,), truncated (B,))."""

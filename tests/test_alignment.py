@@ -1,0 +1,244 @@
+"""Alignment health: the measures, the checks' verdicts on models whose
+attention is built to read well or to fail (aligned_models.py), retries
+and what the manifest, the summary and the exit status say."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from click.testing import CliRunner
+
+from aligned_models import aligned_tacotron2
+from checkpoint_files import write_nvidia_tacotron2, write_pickled_waveglow
+from outputs import manifest
+from tiny_models import canonical, tiny_waveglow
+from tts_cli.alignment import Checked, Health, Thresholds, best
+from tts_cli.batching import pad_sequences
+from tts_cli.cli import main
+from tts_cli.config import Settings
+from tts_cli.decoder_graph import GraphedDecoder
+from tts_cli.engine import Engine, Job, SynthesisSettings
+from tts_cli.planning import retry_seeds
+from tts_cli.tacotron2 import AttentionPath, DecodeSettings, alignment_measures, decode
+
+DEFAULTS = Thresholds.from_settings(Settings())
+STEPS = 700
+
+
+def measured(path: list[int], frames: int | None = None, symbols: int | None = None) -> dict:
+    positions = torch.tensor([path])
+    symbols = symbols or max(path) + 1
+    out = alignment_measures(AttentionPath(positions, torch.full(positions.shape, 0.9)),
+                             torch.tensor([frames or len(path)]), torch.tensor([symbols]), symbols)
+    return {k: float(v) for k, v in out.items()}
+
+
+def test_the_measures_of_a_path_read_as_documented():
+    reads = measured([0, 0, 1, 1, 2, 2, 3, 3, 4, 4])
+    assert reads == {"coverage": 1.0, "focus": pytest.approx(0.9), "backward_jump": 0, "forward_jump": 1,
+                     "symbols_left": 0, "frames_per_symbol": 2.0}
+    # a peak that leaves for one frame and returns is no jump; at the first
+    # frame, where the attention has no location yet, neither
+    assert measured([9, 0, 1, 1, 2, 9, 3, 3, 4, 4], symbols=10)["forward_jump"] == 1
+    skips = measured([0, 0, 1, 1, 7, 7, 8, 8, 9, 9])
+    assert skips["forward_jump"] == 6 and skips["coverage"] == 0.5
+    repeats = measured([0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3])
+    assert repeats["backward_jump"] == 3 and repeats["coverage"] == 1.0
+    # frames after the line's stop are not its own
+    early = measured([0, 0, 1, 1, 2, 2, 9, 9], frames=6, symbols=10)
+    assert early["symbols_left"] == 7 and early["coverage"] == pytest.approx(0.3) and early["forward_jump"] == 1
+
+
+def lines(count: int, shortest: int, longest: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(shortest, longest + 1, (count,), generator=g).tolist()
+    return [torch.randint(1, 140, (n,), generator=g).tolist() for n in lengths]
+
+
+def flagged(model, seqs, thresholds=DEFAULTS, graphed=False) -> list[list[str]]:
+    """Each line's failures under ``thresholds``, decoded in batches of 16."""
+    cfg = DecodeSettings(max_decoder_steps=STEPS)
+    decoder = GraphedDecoder(model, cfg, steps_per_graph=16) if graphed else None
+    out = []
+    for i in range(0, len(seqs), 16):
+        ids, lengths = pad_sequences(seqs[i: i + 16])
+        seeds = torch.arange(i, i + len(lengths))
+        with torch.inference_mode():
+            d = decoder.decode(ids, lengths, seeds) if graphed else decode(model, ids, lengths, seeds, cfg)
+        m = {k: v.tolist() for k, v in alignment_measures(d.attention, d.frames, lengths, ids.shape[1]).items()}
+        for n in range(len(lengths)):
+            health = Health(gated=not bool(d.truncated[n]), **{k: m[k][n] for k in m})
+            out.append(health.failures(thresholds))
+    return out
+
+
+GOOD = {"3 frames a symbol": dict(frames_per_symbol=3), "4 frames a symbol": dict(frames_per_symbol=4),
+        "6 frames a symbol": dict(frames_per_symbol=6)}
+BAD = {"skips every other symbol": dict(jump=2), "skips two of three": dict(jump=3),
+       "reads the line twice": dict(repeat=True), "never leaves the first symbol": dict(stall=True),
+       "babbles to the step limit": dict(gate=False), "stops after 60 frames": dict(stop_after=60)}
+
+
+def test_the_checks_flag_at_least_95_percent_of_bad_lines_and_at_most_2_percent_of_good_ones():
+    seqs = lines(48, 6, 120)
+    good = [f for kind in GOOD.values() for f in flagged(aligned_tacotron2(**kind), seqs)]
+    # a line the early stop leaves at least a quarter of
+    long = [s for s in seqs if len(s) >= 20]
+    bad = {name: flagged(aligned_tacotron2(**kind), long if "stops" in name else seqs)
+           for name, kind in BAD.items()}
+    assert sum(map(bool, good)) <= 0.02 * len(good), [f for f in good if f]
+    caught = sum(map(bool, (f for fs in bad.values() for f in fs)))
+    total = sum(map(len, bad.values()))
+    assert caught >= 0.95 * total, {name: sum(map(bool, fs)) / len(fs) for name, fs in bad.items()}
+    # each failure is named by the measure that shows it
+    assert all(any("coverage" in r for r in f) for f in bad["skips every other symbol"])
+    assert all(any("back" in r for r in f) for f in bad["reads the line twice"])
+    assert all(any("the gate never fired" in r for r in f) for f in bad["babbles to the step limit"])
+    assert all(any("symbols left" in r for r in f) for f in bad["stops after 60 frames"])
+
+
+def test_the_decoder_graphs_path_is_the_eager_decoders():
+    # off CUDA the graphed decoder's static-buffer loop runs eagerly: its
+    # path bookkeeping (steps copied once per graph, padding rows) is checked here
+    seqs = lines(5, 6, 40, seed=3)
+    for kind in (dict(frames_per_symbol=4), dict(repeat=True), dict(flaky=True)):
+        model = aligned_tacotron2(**kind)
+        assert flagged(model, seqs, graphed=True) == flagged(model, seqs)
+
+
+def test_the_best_attempt_is_the_first_that_passes_else_the_one_failing_least():
+    healthy = Health(0.95, 0.9, 1, 2, 0, True, 5.0)
+    skips = Health(0.5, 0.9, 1, 9, 0, True, 5.0)
+    babbles = Health(0.5, 0.3, 9, 9, 40, False, 20.0)
+    assert best([skips, healthy, healthy], DEFAULTS) == 1
+    assert best([babbles, skips], DEFAULTS) == 1
+    assert best([skips, babbles, skips], DEFAULTS) == 0
+
+
+def engine(model, retries_thresholds=DEFAULTS) -> Engine:
+    settings = SynthesisSettings(decode=DecodeSettings(max_decoder_steps=STEPS), alignment=retries_thresholds)
+    return Engine(model, tiny_waveglow(seed=1), torch.device("cpu"), torch.float32, settings)
+
+
+def test_a_failing_line_is_retried_with_its_derived_seeds_and_keeps_the_audio_of_that_attempt():
+    model = aligned_tacotron2(flaky=True)
+    checked, unchecked = engine(model), engine(model, None)
+    seqs = lines(24, 25, 40, seed=5)
+    jobs = [Job(ids, seed=100 + n, retry_seeds=tuple(retry_seeds(7, f"line{n}", 4))) for n, ids in enumerate(seqs)]
+    results = checked.synthesize(jobs)
+    firsts = unchecked.synthesize(jobs)
+    retried = [n for n, r in enumerate(results) if r.checked.attempt > 1]
+    kept_first = [n for n, r in enumerate(results) if r.checked.attempt == 1]
+    assert retried and kept_first
+    for n in kept_first:        # a line that passes at once: the audio it makes unchecked
+        assert not results[n].checked.failures and results[n].checked.attempts == 1
+        assert np.array_equal(results[n].audio, firsts[n].audio)
+    healed = 0
+    for n in retried:           # the audio the line makes alone with the kept attempt's seed
+        r = results[n]
+        assert firsts[n].checked is None and r.checked.attempts >= r.checked.attempt
+        seed = jobs[n].retry_seeds[r.checked.attempt - 2]
+        (alone,) = unchecked.synthesize([Job(seqs[n], seed=seed)])
+        assert np.array_equal(r.audio, alone.audio) and r.frames == alone.frames
+        healed += not r.checked.failures
+    assert healed >= len(retried) // 2, "most lines that stop early read to the end on a retry"
+
+
+def test_a_job_with_forced_frames_is_checked_but_not_retried():
+    results = engine(aligned_tacotron2(gate=False)).synthesize(
+        [Job(lines(1, 10, 10)[0], seed=1, frames=20, retry_seeds=(2, 3))])
+    assert results[0].checked.attempts == 1 and results[0].checked.failures
+
+
+def test_checked_travels_as_plain_data():
+    c = Checked(Health(0.8, 0.7, 1, 3, 0, True, 4.5), ("coverage 0.80 < 0.9",), 2, 3)
+    assert Checked.from_plain(json.loads(json.dumps(c.plain()))) == c
+
+
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory):
+    """Checkpoint pairs: a Tacotron2 that reads well, one that skips, and a flaky one."""
+    folder = tmp_path_factory.mktemp("aligned")
+    waveglow = folder / "waveglow.pt"
+    write_pickled_waveglow(waveglow, canonical(tiny_waveglow(seed=3)))
+    pairs = {}
+    for name, kind in {"good": {}, "skips": dict(jump=3), "flaky": dict(flaky=True)}.items():
+        path = folder / f"{name}.pt"
+        write_nvidia_tacotron2(path, canonical(aligned_tacotron2(**kind)))
+        pairs[name] = (path, waveglow)
+    return pairs
+
+
+CORPUS = "".join(f"Line number {n}, which the tiny voice reads as it was built to read it.\n" for n in range(12))
+
+
+def synth(tmp_path, pair, *options, out="out"):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    result = CliRunner().invoke(main, [str(corpus), "-o", str(tmp_path / out), "--tacotron2", str(pair[0]),
+                                       "--waveglow", str(pair[1]), "--device", "cpu", "--seed", "3",
+                                       "--max-decoder-steps", str(STEPS), *options])
+    return result, manifest(tmp_path / out) if (tmp_path / out / "manifest.jsonl").exists() else []
+
+
+def test_healthy_lines_are_ok_with_their_measures_in_the_manifest(tmp_path, voices):
+    result, rows = synth(tmp_path, voices["good"])
+    assert result.exit_code == 0, result.output
+    assert [r["status"] for r in rows] == ["ok"] * 12
+    a = rows[0]["alignment"]
+    assert a["coverage"] == 1.0 and a["reached_end"] and a["attempts"] == 1 and a["attempt"] == 1
+    assert set(a) == {"coverage", "focus", "backward_jump", "forward_jump", "symbols_left", "reached_end",
+                      "frames_per_symbol", "attempt", "attempts"}
+    assert "retried" not in result.output
+    # the checks change nothing of a healthy line's audio
+    plain, plain_rows = synth(tmp_path, voices["good"], "--no-check-alignment", out="plain")
+    assert plain.exit_code == 0 and all(r["alignment"] is None for r in plain_rows)
+    for row in rows:
+        assert np.array_equal(sf.read(tmp_path / "out" / row["audio_filepath"])[0],
+                              sf.read(tmp_path / "plain" / row["audio_filepath"])[0])
+
+
+def test_lines_that_fail_every_attempt_are_suspect_and_strict_makes_them_count(tmp_path, voices):
+    result, rows = synth(tmp_path, voices["skips"], "--retries", "1")
+    assert result.exit_code == 0, result.output
+    assert {r["status"] for r in rows} == {"suspect"}
+    assert all(r["reason"].startswith("alignment: coverage") and "(best of 2 attempts)" in r["reason"]
+               for r in rows)
+    assert all(r["alignment"]["attempts"] == 2 for r in rows)
+    assert "12 suspect" in result.output and "12 lines retried" in result.output
+    strict, _ = synth(tmp_path, voices["skips"], "--retries", "1", "--strict")
+    assert strict.exit_code == 1 and "12 reused" in strict.output
+    # looser thresholds: the same lines pass, and the keys change with them
+    loose, rows = synth(tmp_path, voices["skips"], "--retries", "1", "--min-coverage", "0.2", "--strict")
+    assert loose.exit_code == 0 and {r["status"] for r in rows} == {"ok"} and "0 reused" in loose.output
+
+
+def test_retries_heal_lines_and_a_rerun_reuses_every_attempt(tmp_path, voices):
+    result, rows = synth(tmp_path, voices["flaky"], "--retries", "4")
+    assert result.exit_code == 0, result.output
+    kept = [r["alignment"]["attempt"] for r in rows]
+    assert max(kept) > 1, "some line needed a retry"
+    assert sum(r["status"] == "ok" for r in rows) >= 10
+    again, again_rows = synth(tmp_path, voices["flaky"], "--retries", "4")
+    assert "12 reused" in again.output and again_rows == rows
+    fewer, _ = synth(tmp_path, voices["flaky"], "--retries", "3")
+    assert "0 reused" in fewer.output, "the retry count is in the resume keys"
+
+
+def test_a_cut_lines_alignment_is_given_per_piece(tmp_path, voices):
+    result, rows = synth(tmp_path, voices["good"], "--max-symbols-per-piece", "40")
+    assert result.exit_code == 0, result.output
+    a = rows[0]["alignment"]
+    assert rows[0]["pieces"] == len(a["pieces"]) >= 2
+    assert a["coverage"] == min(p["coverage"] for p in a["pieces"])
+    assert a["attempts"] == sum(p["attempts"] for p in a["pieces"])
+
+
+@pytest.mark.parametrize("option, value", [("--min-coverage", "1.5"), ("--retries", "-1"),
+                                           ("--max-forward-jump", "0")])
+def test_a_bad_threshold_is_one_line(tmp_path, voices, option, value):
+    result, _ = synth(tmp_path, voices["good"], option, value)
+    assert result.exit_code == 2 and option in result.output and len(result.output.strip().splitlines()) == 1
