@@ -103,7 +103,7 @@ class Settings:
     max_forward_jump: int = 8
     max_backward_jump: int = 8
     end_margin: int = 3
-    max_frames_per_symbol: float = 12.0
+    max_frames_per_symbol: float = 15.0
     strict: bool = False                # exit status 1 when a line is suspect or truncated, as for errors
     force: bool = False                 # redo every line, reusing nothing from an earlier run
     quiet: bool = False                 # no progress bar or summary

@@ -355,40 +355,63 @@ class Decoded(NamedTuple):
     attention: AttentionPath
 
 
+# The window of the median that smooths the attention's path before its
+# jumps are measured: excursions of up to two frames are no jump.
+SMOOTHING_FRAMES = 5
+# A line's path starts where the attention first peaks on one of its first
+# this many symbols (alignment_measures).
+START_SYMBOLS = 2
+
+
 def alignment_measures(path: AttentionPath, frames: Tensor, lengths: Tensor, symbols: int
                        ) -> dict[str, Tensor]:
     """Each row's alignment health over its own frames, as (B,) tensors,
     computed where the path is (one batch of small reductions, no host
     sync). ``symbols``: the padded length of the batch's ids.
 
-    ``coverage``: the share of the row's symbols that held the attention's
-    peak at some frame. ``focus``: the mean peak weight. ``backward_jump``
-    and ``forward_jump``: the largest steps back and ahead, in symbols, of
-    the peak's path smoothed by a median over three frames, so that a peak
-    that leaves for one frame and returns (common at a line's first frame,
-    where the attention has no location yet, and at pauses) is no jump;
-    the path's first position counts as a step ahead from the first
-    symbol. ``symbols_left``: the row's symbols after the peak at its last
-    frame. ``frames_per_symbol``."""
+    The path starts where the peak first lands on one of the first
+    START_SYMBOLS symbols: the frames before, where the attention has no
+    location yet and its peak wanders (often to the line's end), count as
+    that frame.
+
+    - ``coverage``: the share of the row's symbols that held the peak at
+      some frame.
+    - ``focus``: the mean peak weight.
+    - ``forward_jump``: the largest step ahead, in symbols, of the path
+      smoothed by a median over SMOOTHING_FRAMES frames (a peak that
+      leaves for a frame or two and returns is no jump); the path's first
+      position counts as a step ahead from the first symbol.
+    - ``backward_jump``: the furthest the smoothed path fell back behind
+      the furthest symbol it had reached (a repeat, however many frames it
+      took to go back).
+    - ``symbols_left``: the row's symbols after the peak at its last frame.
+    - ``frames_per_symbol``.
+    """
     positions, peaks = path.positions, path.peaks.float()
     steps = torch.arange(positions.shape[1], device=positions.device)
     live = steps[None, :] < frames[:, None]                        # (B, steps)
     n = frames.clamp(min=1)
     last = (n - 1)[:, None]
-    # neighbours within each row's own frames, mirrored at its ends
-    def at(index: Tensor) -> Tensor:
-        return positions.gather(1, torch.minimum(index.clamp(min=0), last))
-    before = at(torch.where(steps == 0, 1, steps - 1)[None, :].expand_as(positions))
-    after = at(torch.where(steps[None, :] >= last, steps - 1, steps + 1))
-    smooth = torch.stack((before, positions, after)).median(0).values
+    # Before the attention has a location its peak wanders; the path starts
+    # where it first peaks on one of the first START_SYMBOLS symbols (from
+    # the first frame when it never does: a start skipped).
+    started = live & (positions < START_SYMBOLS)
+    start = torch.where(started.any(1), started.to(torch.uint8).argmax(1), 0)[:, None]
+    positions = torch.where(steps[None, :] < start, positions.gather(1, start), positions)
+    # each frame's window of SMOOTHING_FRAMES within the row's own frames
+    # (shifted inwards at its ends), as (B, steps, window) indices
+    first = torch.minimum(steps[None, :] - SMOOTHING_FRAMES // 2, last - SMOOTHING_FRAMES + 1).clamp(min=0)
+    window = torch.minimum(first[:, :, None] + torch.arange(SMOOTHING_FRAMES, device=positions.device), last[:, :, None])
+    smooth = positions.gather(1, window.flatten(1)).view(window.shape).median(2).values
     smooth = torch.where(live, smooth, smooth[:, :1])
     moved = torch.diff(smooth, dim=1, prepend=torch.zeros_like(smooth[:, :1]))
     moved = torch.where(live, moved, torch.zeros_like(moved))
+    fell_back = torch.where(live, smooth.cummax(1).values - smooth, torch.zeros_like(smooth))
     visited = torch.zeros(positions.shape[0], max(symbols, 1), dtype=torch.bool, device=positions.device)
     visited.scatter_(1, torch.where(live, positions, positions[:, :1]), True)
     at_stop = positions.gather(1, last).squeeze(1)
     return {"coverage": visited.sum(1) / lengths, "focus": (peaks * live).sum(1) / n,
-            "backward_jump": (-moved).amax(1).clamp(min=0), "forward_jump": moved.amax(1).clamp(min=0),
+            "backward_jump": fell_back.amax(1), "forward_jump": moved.amax(1).clamp(min=0),
             "symbols_left": lengths - 1 - at_stop, "frames_per_symbol": frames / lengths}
 
 
