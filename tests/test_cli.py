@@ -31,7 +31,7 @@ def run(args, checkpoints, **kwargs):
     tacotron2, waveglow = checkpoints
     return CliRunner().invoke(main, [*args, "--tacotron2", str(tacotron2), "--waveglow", str(waveglow),
                                      "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1",
-                                     "--quiet"], **kwargs)
+                                     "--no-check-alignment", "--quiet"], **kwargs)
 
 
 
@@ -46,7 +46,7 @@ def test_every_line_gets_a_row_and_every_spoken_line_a_wav(tmp_path, tiny_checkp
     assert [r["id"] for r in rows] == ["000001", "000002", "000003", "000004", "000005", "000006"]
     assert [r["status"] for r in rows if r["line"] in (2, 4)] == ["skipped", "skipped"]
     assert rows[2]["normalized_text"] == "it cost three dollars, fifty cents in nineteen sixty-three."
-    spoken = [r for r in rows if r["status"] in ("ok", "suspect", "truncated")]
+    spoken = [r for r in rows if r["status"] in ("ok", "truncated")]
     assert len(spoken) == 4
     for r in spoken:
         audio, rate = sf.read(out / r["audio_filepath"], dtype="float32")
@@ -191,11 +191,11 @@ def test_a_corpus_on_stdin_runs_and_resumes_by_content(tmp_path, tiny_checkpoint
     out = tmp_path / "out"
     first = run(["-", "-o", str(out)], tiny_checkpoints, input="Hello there.\nA second line.\n")
     assert first.exit_code == 0, first.output
-    assert [r["status"] in ("ok", "suspect") for r in manifest(out)] == [True, True]
+    assert [r["status"] for r in manifest(out)] == ["ok", "ok"]
     tacotron2, waveglow = tiny_checkpoints
     again = CliRunner().invoke(main, ["-", "-o", str(out), "--tacotron2", str(tacotron2), "--waveglow",
-                                      str(waveglow), "--device", "cpu", "--max-decoder-steps", "12"],
-                               input="Hello there.\nA second line.\n")
+                                      str(waveglow), "--device", "cpu", "--max-decoder-steps", "12",
+                                      "--no-check-alignment"], input="Hello there.\nA second line.\n")
     assert again.exit_code == 0, again.output
     assert "nothing to do: 2 lines: 2 ok; 2 reused from an earlier run" in again.output
     changed = run(["-", "-o", str(out)], tiny_checkpoints, input="Hello there.\nAnother second line.\n")
@@ -209,7 +209,7 @@ def test_the_summary_counts_in_words(tmp_path, tiny_checkpoints):
     tacotron2, waveglow = tiny_checkpoints
     result = CliRunner().invoke(main, [str(corpus), "-o", str(tmp_path / "out"), "--tacotron2", str(tacotron2),
                                        "--waveglow", str(waveglow), "--device", "cpu",
-                                       "--max-decoder-steps", "12", "--seed", "1"])
+                                       "--max-decoder-steps", "12", "--seed", "1", "--no-check-alignment"])
     assert result.exit_code == 0, result.output
     assert re.search(r"^1 line: 1 (ok|truncated); 0 reused", result.output, re.M), result.output
     assert "s of audio made in" in result.output
@@ -254,4 +254,5 @@ def test_the_plan_comes_first_and_a_rerun_with_nothing_to_do_never_imports_torch
     code, stderr = without_torch(args, tmp_path)
     assert code == 0, stderr
     assert "3 lines: 0 to do, 2 reused from an earlier run, 1 without audio" in stderr
-    assert "nothing to do: 3 lines: 2 ok, 1 skipped; 2 reused from an earlier run" in stderr
+    # the alignment checks on, as by default (the random model's lines may come out suspect)
+    assert re.search(r"nothing to do: 3 lines: .*1 skipped; 2 reused from an earlier run", stderr), stderr

@@ -110,9 +110,11 @@ def test_two_processes_write_bitwise_what_one_process_writes(tmp_path, tiny_chec
     out = tmp_path / "out"
     code, output = finished(torchrun(2, arguments(corpus, out, tiny_checkpoints)))
     assert code == 0, output
-    assert "on 2 processes" in output and "9 lines: 8 ok, 1 skipped" in output
+    assert "on 2 processes" in output and "9 lines: " in output and "1 skipped" in output
     rows = manifest(out)
+    # the alignment checks and retries included (the random model's attention fails them)
     assert rows == manifest(reference) and sum(r["pieces"] > 1 for r in rows) >= 3
+    assert all(len(r["alignment"]["pieces"]) == r["pieces"] for r in rows if r["pieces"] > 1)
     for row in rows:
         if row["audio_filepath"]:
             # the samples, bit for bit (a float WAV's header holds a time stamp)
