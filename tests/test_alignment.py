@@ -142,11 +142,11 @@ def test_a_failing_line_is_retried_with_its_derived_seeds_and_keeps_the_audio_of
         assert np.array_equal(results[n].audio, firsts[n].audio)
     healed = 0
     for n in retried:           # the audio the line makes alone with the kept attempt's seed
-        r = results[n]
+        r = results[n]          # (to the rounding of products of another batch shape)
         assert firsts[n].checked is None and r.checked.attempts >= r.checked.attempt
         seed = jobs[n].retry_seeds[r.checked.attempt - 2]
         (alone,) = unchecked.synthesize([Job(seqs[n], seed=seed)])
-        assert np.array_equal(r.audio, alone.audio) and r.frames == alone.frames
+        assert r.frames == alone.frames and np.allclose(r.audio, alone.audio, atol=1e-4)
         healed += not r.checked.failures
     assert healed >= len(retried) // 2, "most lines that stop early read to the end on a retry"
 
@@ -164,12 +164,12 @@ def test_checked_travels_as_plain_data():
 
 @pytest.fixture(scope="module")
 def voices(tmp_path_factory):
-    """Checkpoint pairs: a Tacotron2 that reads well, one that skips, and a flaky one."""
+    """Checkpoint pairs: a Tacotron2 that reads well, one that stops early, and a flaky one."""
     folder = tmp_path_factory.mktemp("aligned")
     waveglow = folder / "waveglow.pt"
     write_pickled_waveglow(waveglow, canonical(tiny_waveglow(seed=3)))
     pairs = {}
-    for name, kind in {"good": {}, "skips": dict(jump=3), "flaky": dict(flaky=True)}.items():
+    for name, kind in {"good": {}, "stops early": dict(stop_after=40), "flaky": dict(flaky=True)}.items():
         path = folder / f"{name}.pt"
         write_nvidia_tacotron2(path, canonical(aligned_tacotron2(**kind)))
         pairs[name] = (path, waveglow)
@@ -206,26 +206,28 @@ def test_healthy_lines_are_ok_with_their_measures_in_the_manifest(tmp_path, voic
 
 
 def test_lines_that_fail_every_attempt_are_suspect_and_strict_makes_them_count(tmp_path, voices):
-    result, rows = synth(tmp_path, voices["skips"], "--retries", "1")
+    result, rows = synth(tmp_path, voices["stops early"], "--retries", "1")
     assert result.exit_code == 0, result.output
     assert {r["status"] for r in rows} == {"suspect"}
-    assert all(r["reason"].startswith("alignment: coverage") and "(best of 2 attempts)" in r["reason"]
-               for r in rows)
+    assert all(r["reason"].startswith("alignment: coverage") and "symbols left when the gate fired" in r["reason"]
+               and r["reason"].endswith("(best of 2 attempts)") for r in rows)
     assert all(r["alignment"]["attempts"] == 2 for r in rows)
     assert "12 suspect" in result.output and "12 lines retried" in result.output
-    strict, _ = synth(tmp_path, voices["skips"], "--retries", "1", "--strict")
+    strict, _ = synth(tmp_path, voices["stops early"], "--retries", "1", "--strict")
     assert strict.exit_code == 1 and "12 reused" in strict.output
     # looser thresholds: the same lines pass, and the keys change with them
-    loose, rows = synth(tmp_path, voices["skips"], "--retries", "1", "--min-coverage", "0.2", "--strict")
+    loose, rows = synth(tmp_path, voices["stops early"], "--retries", "1", "--min-coverage", "0",
+                        "--end-margin", "500", "--strict")
     assert loose.exit_code == 0 and {r["status"] for r in rows} == {"ok"} and "0 reused" in loose.output
 
 
 def test_retries_heal_lines_and_a_rerun_reuses_every_attempt(tmp_path, voices):
     result, rows = synth(tmp_path, voices["flaky"], "--retries", "4")
     assert result.exit_code == 0, result.output
-    kept = [r["alignment"]["attempt"] for r in rows]
-    assert max(kept) > 1, "some line needed a retry"
-    assert sum(r["status"] == "ok" for r in rows) >= 10
+    healed = [r for r in rows if r["status"] == "ok" and r["alignment"]["attempt"] > 1]
+    assert len(healed) >= 3, "lines that stopped early read to the end on a retry"
+    assert all(r["status"] == "suspect" and r["alignment"]["attempts"] == 5 for r in rows
+               if r["status"] != "ok")
     again, again_rows = synth(tmp_path, voices["flaky"], "--retries", "4")
     assert "12 reused" in again.output and again_rows == rows
     fewer, _ = synth(tmp_path, voices["flaky"], "--retries", "3")
@@ -243,6 +245,11 @@ def test_a_cut_lines_alignment_is_given_per_piece(tmp_path, voices):
 
 @pytest.mark.parametrize("option, value", [("--min-coverage", "1.5"), ("--retries", "-1"),
                                            ("--max-forward-jump", "0")])
-def test_a_bad_threshold_is_one_line(tmp_path, voices, option, value):
+def test_a_bad_threshold_is_refused_naming_it(tmp_path, voices, option, value):
     result, _ = synth(tmp_path, voices["good"], option, value)
-    assert result.exit_code == 2 and option in result.output and len(result.output.strip().splitlines()) == 1
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
+    recipe = tmp_path / "checks.yaml"
+    recipe.write_text(f"{option[2:].replace('-', '_')}: {value}\n")
+    result, _ = synth(tmp_path, voices["good"], "--recipe", str(recipe))
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert result.output.startswith(f"tts-batch: error: {recipe}: {option[2:].replace('-', '_')} must be")
