@@ -93,9 +93,11 @@ def test_the_checks_flag_at_least_95_percent_of_bad_lines_and_at_most_2_percent_
     long = [s for s in seqs if len(s) >= 20]
     bad = {name: flagged(aligned_tacotron2(**kind), long if "stops" in name else seqs)
            for name, kind in BAD.items()}
-    assert sum(map(bool, good)) <= 0.02 * len(good), [f for f in good if f]
     caught = sum(map(bool, (f for fs in bad.values() for f in fs)))
     total = sum(map(len, bad.values()))
+    print(f"flagged: {sum(map(bool, good))} of {len(good)} good lines, {caught} of {total} bad lines; "
+          + ", ".join(f"{name} {sum(map(bool, fs))}/{len(fs)}" for name, fs in bad.items()))
+    assert sum(map(bool, good)) <= 0.02 * len(good), [f for f in good if f]
     assert caught >= 0.95 * total, {name: sum(map(bool, fs)) / len(fs) for name, fs in bad.items()}
     # each failure is named by the measure that shows it
     assert sum(any("coverage" in r for r in f) for f in bad["skips every other symbol"]) >= 0.9 * len(seqs)

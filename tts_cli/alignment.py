@@ -19,7 +19,7 @@ class Thresholds:
     min_coverage: float          # share of the line's symbols that held the attention's peak
     min_focus: float             # mean peak attention weight over the line's frames
     max_forward_jump: int        # symbols the (smoothed) peak may move ahead at once
-    max_backward_jump: int       # symbols it may move back at once
+    max_backward_jump: int       # symbols it may fall back behind the furthest it reached
     end_margin: int              # symbols the peak may still have ahead of it when the gate fires
     max_frames_per_symbol: float
 

@@ -103,7 +103,8 @@ def main():
 @click.option("--max-forward-jump", type=click.IntRange(min=1), metavar="SYMBOLS",
               help=f"Most symbols the attention may skip ahead at once. {default_help('max_forward_jump')}")
 @click.option("--max-backward-jump", type=click.IntRange(min=0), metavar="SYMBOLS",
-              help=f"Most symbols the attention may go back at once. {default_help('max_backward_jump')}")
+              help="Most symbols the attention may fall back behind the furthest it reached. "
+                   f"{default_help('max_backward_jump')}")
 @click.option("--end-margin", type=click.IntRange(min=0), metavar="SYMBOLS",
               help=f"Most symbols left unread when the gate fires. {default_help('end_margin')}")
 @click.option("--max-frames-per-symbol", type=click.FloatRange(min=0, min_open=True),
