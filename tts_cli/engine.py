@@ -256,8 +256,8 @@ class Engine:
         return plain
 
     @torch.inference_mode()
-    def decode_only(self, jobs: list[Job]):
-        """Tacotron2 for one batch: (postnet mel (B, n_mel, F), frames (B,), truncated (B,))."""
+    def decode_only(self, jobs: list[Job]) -> Decoded:
+        """Tacotron2 for one batch, unchecked: ``tacotron2.Decoded``."""
         ids, lengths = pad_sequences([j.ids for j in jobs], device=self.device)
         seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
         override = None
@@ -297,12 +297,13 @@ class Engine:
                 tried[n].append(health)
             failing = [n for n in failing if tried[n][-1].failures(t)]
         kept = [best(healths, t) for healths in tried]
+        counts = [h[k].frames for h, k in zip(tried, kept)]
         kept_jobs = [dataclasses.replace(job, seed=job.seed if k == 0 else job.retry_seeds[k - 1],
                                          checked=Checked(tried[n][k], tuple(tried[n][k].failures(t)), k + 1,
                                                          len(tried[n])))
                      for n, (job, k) in enumerate(zip(jobs, kept))]
-        return kept_jobs, self._kept(attempts, rows, kept), ([h[k].frames for h, k in zip(tried, kept)],
-                                                             [not h[k].gated for h, k in zip(tried, kept)])
+        return kept_jobs, self._kept(attempts, rows, kept, max(counts)), (counts, [not h[k].gated for h, k in
+                                                                               zip(tried, kept)])
 
     def _health(self, jobs: list[Job], decoded: Decoded) -> list["_Measured"]:
         """Each row's alignment measures, read to the host in one copy."""
@@ -316,12 +317,12 @@ class Engine:
                 for row in table]
 
     @staticmethod
-    def _kept(attempts: list[Decoded], rows: list[list[int]], kept: list[int]):
-        """(mel, frames, truncated) of each row's kept attempt."""
+    def _kept(attempts: list[Decoded], rows: list[list[int]], kept: list[int], longest: int):
+        """(mel, frames, truncated) of each row's kept attempt; ``longest``:
+        the most frames among them."""
         first = attempts[0]
         if not any(kept):
             return first.mel, first.frames, first.truncated
-        longest = max(int(attempts[k].frames[rows[k].index(n)]) for n, k in enumerate(kept))
         mel = first.mel.new_zeros(first.mel.shape[0], first.mel.shape[1], longest)
         width = min(longest, first.mel.shape[2])
         mel[:, :, :width] = first.mel[:, :, :width]
