@@ -20,7 +20,7 @@ from tts_cli.batching import pad_sequences
 from tts_cli.cli import main
 from tts_cli.config import Settings
 from tts_cli.decoder_graph import GraphedDecoder
-from tts_cli.engine import Engine, Job, SynthesisSettings
+from tts_cli.engine import Engine, Job, SynthesisSettings, measured
 from tts_cli.planning import retry_seeds
 from tts_cli.tacotron2 import AttentionPath, DecodeSettings, alignment_measures, decode
 
@@ -28,7 +28,7 @@ DEFAULTS = Thresholds.from_settings(Settings())
 STEPS = 600
 
 
-def measured(path: list[int], frames: int | None = None, symbols: int | None = None) -> dict:
+def path_measures(path: list[int], frames: int | None = None, symbols: int | None = None) -> dict:
     positions = torch.tensor([path])
     symbols = symbols or max(path) + 1
     out = alignment_measures(AttentionPath(positions, torch.full(positions.shape, 0.9)),
@@ -37,22 +37,22 @@ def measured(path: list[int], frames: int | None = None, symbols: int | None = N
 
 
 def test_the_measures_of_a_path_read_as_documented():
-    reads = measured([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4])
+    reads = path_measures([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4])
     assert reads == {"coverage": 1.0, "focus": pytest.approx(0.9), "backward_jump": 0, "forward_jump": 1,
                      "symbols_left": 0, "frames_per_symbol": 3.0}
     # the peak wandering before the attention has a location, or leaving
     # for two frames and returning, is no jump
-    wanders = measured([9, 7, 9, 0, 0, 1, 1, 1, 2, 9, 9, 3, 3, 3, 4, 4, 4], symbols=10)
+    wanders = path_measures([9, 7, 9, 0, 0, 1, 1, 1, 2, 9, 9, 3, 3, 3, 4, 4, 4], symbols=10)
     assert wanders["forward_jump"] == 1 and wanders["backward_jump"] == 0
-    skips = measured([0, 0, 0, 1, 1, 1, 7, 7, 7, 8, 8, 8, 9, 9, 9])
+    skips = path_measures([0, 0, 0, 1, 1, 1, 7, 7, 7, 8, 8, 8, 9, 9, 9])
     assert skips["forward_jump"] == 6 and skips["coverage"] == 0.5
     # a start never read is a jump ahead from the first symbol
-    assert measured([5, 5, 5, 6, 6, 6, 7, 7, 7])["forward_jump"] == 5
+    assert path_measures([5, 5, 5, 6, 6, 6, 7, 7, 7])["forward_jump"] == 5
     # going back, however gradually, is measured from the furthest symbol reached
-    repeats = measured([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 2, 2, 1, 1, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])
+    repeats = path_measures([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 2, 2, 1, 1, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])
     assert repeats["backward_jump"] == 3 and repeats["coverage"] == 1.0 and repeats["forward_jump"] == 1
     # frames after the line's stop are not its own
-    early = measured([0, 0, 1, 1, 2, 2, 9, 9], frames=6, symbols=10)
+    early = path_measures([0, 0, 1, 1, 2, 2, 9, 9], frames=6, symbols=10)
     assert early["symbols_left"] == 7 and early["coverage"] == pytest.approx(0.3) and early["forward_jump"] == 1
 
 
@@ -72,10 +72,7 @@ def flagged(model, seqs, thresholds=DEFAULTS, graphed=False) -> list[list[str]]:
         seeds = torch.arange(i, i + len(lengths))
         with torch.inference_mode():
             d = decoder.decode(ids, lengths, seeds) if graphed else decode(model, ids, lengths, seeds, cfg)
-        m = {k: v.tolist() for k, v in alignment_measures(d.attention, d.frames, lengths, ids.shape[1]).items()}
-        for n in range(len(lengths)):
-            health = Health(gated=not bool(d.truncated[n]), **{k: m[k][n] for k in m})
-            out.append(health.failures(thresholds))
+        out += [health.failures(thresholds) for health in measured(d, lengths, ids.shape[1])]
     return out
 
 

@@ -305,16 +305,10 @@ class Engine:
         return kept_jobs, self._kept(attempts, rows, kept, max(counts)), (counts, [not h[k].gated for h, k in
                                                                                zip(tried, kept)])
 
-    def _health(self, jobs: list[Job], decoded: Decoded) -> list["_Measured"]:
-        """Each row's alignment measures, read to the host in one copy."""
+    def _health(self, jobs: list[Job], decoded: Decoded) -> list["Measured"]:
+        """Each job's alignment health (``measured``)."""
         lengths = torch.tensor([len(job.ids) for job in jobs], device=self.device)
-        measures = alignment_measures(decoded.attention, decoded.frames, lengths, max(len(j.ids) for j in jobs))
-        names = list(measures)
-        table = torch.stack([measures[name].double() for name in names]
-                            + [decoded.frames.double(), decoded.truncated.double()], 1).tolist()
-        return [_Measured(frames=int(row[-2]), gated=not row[-1],
-                          **{name: (int(v) if name in _WHOLE else v) for name, v in zip(names, row)})
-                for row in table]
+        return measured(decoded, lengths, max(len(job.ids) for job in jobs))
 
     @staticmethod
     def _kept(attempts: list[Decoded], rows: list[list[int]], kept: list[int], longest: int):
@@ -626,9 +620,22 @@ _WHOLE = ("backward_jump", "forward_jump", "symbols_left")
 
 
 @dataclass(frozen=True)
-class _Measured(Health):
+class Measured(Health):
     """A decoded row's health and its frames."""
     frames: int = 0
+
+
+def measured(decoded: Decoded, lengths: torch.Tensor, symbols: int) -> list[Measured]:
+    """Each decoded row's alignment health (``tacotron2.alignment_measures``),
+    read to the host in one copy; ``lengths``: the rows' symbols (on the
+    decoder's device), ``symbols``: the padded length of their ids."""
+    measures = alignment_measures(decoded.attention, decoded.frames, lengths, symbols)
+    names = list(measures)
+    table = torch.stack([measures[name].double() for name in names]
+                        + [decoded.frames.double(), decoded.truncated.double()], 1).tolist()
+    return [Measured(frames=int(row[-2]), gated=not row[-1],
+                     **{name: (int(v) if name in _WHOLE else v) for name, v in zip(names, row)})
+            for row in table]
 
 
 @dataclass

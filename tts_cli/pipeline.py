@@ -586,4 +586,3 @@ def _alignment_record(results: list[Result], settings: Settings) -> dict | None:
     if thresholds is None or any(r.checked is None for r in results):
         return None
     return line_record([r.checked for r in results], thresholds)
-
