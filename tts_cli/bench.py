@@ -7,6 +7,10 @@ process: audio seconds per wall second, GPU busy fraction (profiler trace),
 Tacotron2 ms per decoder step, WaveGlow alone and its TFLOP/s against a matmul
 ceiling measured now, peak memory, startup time, and the same lines through a
 naive batch-of-one loop of our own models (the reference's way of running).
+Speed is only speed at the quality bar, so the same table gives the fast
+WaveGlow's error in the run's dtype on trained weights: the demo voice's
+WaveGlow on mels from its own Tacotron2 (quality.py), beside the eager
+model's in that dtype.
 
 Random weights never stop on their own, so the bench's engine
 (``ForcedLengths``) fixes every line's decode length at round(5.7 x symbols)
@@ -41,8 +45,10 @@ from tts_cli.corpus import read_corpus
 from tts_cli.distributed import Group
 from tts_cli.engine import Engine, Job, precision_name, resolve_device, resolve_precision
 from tts_cli.pipeline import RunSummary, synthesize_corpus
-from tts_cli.loading import synthesis_settings
+from tts_cli.loading import load_models, synthesis_settings
+from tts_cli.quality import QUALITY_LINES, Fidelity, voice_mels, waveglow_fidelity
 from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, Tacotron2
+from tts_cli.voice import demo_voice
 from tts_cli.waveglow import PUBLISHED_DIMS as WAVEGLOW_DIMS, WaveGlow, WaveGlowDims
 
 FRAMES_PER_SYMBOL = 5.7
@@ -193,6 +199,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
     frames_per_second = b.batch_size / _decoder_ms_per_step(engine, b.batch_size) * 1e3
     wg_tflops, wg_executed = _waveglow_tflops(engine)
     ceiling = matmul_ceiling_tflops(device, torch.float16 if dtype == torch.float32 else dtype)
+    fidelity = demo_voice_fidelity(settings, b, device, dtype)
     waveglow_alone = wg_tflops * 1e12 / (waveglow_flops_per_sample(engine.waveglow.dims) * settings.sample_rate)
     hop = engine.waveglow.dims.hop_length
     return {
@@ -210,7 +217,24 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         "baseline_lines": len(baseline.rows),
         "baseline_audio_seconds_per_second": baseline.speed,
         "speedup_over_baseline": summary.speed / baseline.speed if baseline.speed else float("nan"),
+        "waveglow_fast_snr_db_demo_voice": fidelity.fast if fidelity else float("nan"),
+        "waveglow_eager_snr_db_demo_voice": fidelity.eager if fidelity else float("nan"),
     }
+
+
+def demo_voice_fidelity(settings: Settings, b: BenchSettings, device: torch.device,
+                        dtype: torch.dtype) -> Fidelity | None:
+    """The fast WaveGlow and the eager one in ``dtype`` against eager
+    float32 (quality.py) with the demo voice, on mels its Tacotron2 makes
+    for the corpus's first QUALITY_LINES lines; None where the demo voice's
+    files are not found."""
+    voice = demo_voice()
+    if voice is None:
+        return None
+    tacotron2, waveglow = load_models(settings, voice)
+    texts = [u.text for u in read_corpus(b.corpus, b.format) if u.problem is None][:QUALITY_LINES]
+    mel, frames, seeds = voice_mels(tacotron2, texts, device)
+    return waveglow_fidelity(waveglow, mel, frames, seeds, dtype, settings.sigma)
 
 
 def run_bench_processes(b: BenchSettings, group: Group, echo=print) -> dict | None:
@@ -404,6 +428,10 @@ TABLE = [
     ("matmul ceiling TFLOP/s (measured now)", "matmul_ceiling_tflops", "{:.1f}"),
     ("WaveGlow fraction of ceiling (reference arithmetic)", "waveglow_fraction_of_ceiling", "{:.1%}"),
     ("end to end as a share of WaveGlow alone", "end_to_end_share_of_waveglow_alone", "{:.1%}"),
+    ("WaveGlow fast path, SNR dB against eager fp32 (demo voice, real mels, this dtype)",
+     "waveglow_fast_snr_db_demo_voice", "{:.1f}"),
+    ("the eager WaveGlow in this dtype, SNR dB against eager fp32 (same mels)",
+     "waveglow_eager_snr_db_demo_voice", "{:.1f}"),
     ("peak GPU memory GiB", "peak_gpu_memory_gib", "{:.1f}"),
     ("startup s (build, warm-up)", "startup_seconds", "{:.1f}"),
     ("naive batch-1 loop: audio s per wall s", "baseline_audio_seconds_per_second", "{:.1f}"),

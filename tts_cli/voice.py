@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tts_cli.config import Settings
@@ -74,10 +74,16 @@ def choose_voice(settings: Settings) -> Voice:
                         else published[kind] or _missing(kind) for kind in PUBLISHED_FILES})
     if all(published.values()):
         return Voice(**published)
-    demo = {kind: _look_for(name) for kind, name in DEMO_FILES.items()}
-    if all(demo.values()):
-        return Voice(**demo, demo=True, notice=_demo_notice(demo, published))
+    demo = demo_voice()
+    if demo is not None:
+        return replace(demo, notice=_demo_notice({kind: demo.path(kind) for kind in DEMO_FILES}, published))
     return _missing(next(kind for kind, path in published.items() if path is None))
+
+
+def demo_voice() -> Voice | None:
+    """The demo voice's two files, where both are found (``checkpoint_dirs``)."""
+    demo = {kind: _look_for(name) for kind, name in DEMO_FILES.items()}
+    return Voice(**demo, demo=True) if all(demo.values()) else None
 
 
 def checkpoint_dirs() -> list[Path]:

@@ -170,8 +170,8 @@ class FastWaveGlow:
         self.dims = d
         self.dtype = dtype
         self.flows = [_flow_weights(model, k, dtype, self.channels, self.window) for k in range(d.n_flows)]
-        # the GPU's tanh instruction in 16-bit (within a half-precision ulp); float32 stays exact
-        self.approx_gate = dtype != torch.float32
+        # the gate's tanh from the GPU's instruction in 16-bit; float32 stays exact
+        self.fast_tanh = dtype != torch.float32
 
     @property
     def padded_dims(self) -> WaveGlowDims:
@@ -218,7 +218,7 @@ class FastWaveGlow:
         for i in range(layers):
             layer_acts = acts[:, c * i: c * (i + 1)]
             wg_kernels.taps_cond_gate(x, keep, windows, w.cond[i], w.cond_bias[i], w.taps[i], rows, 2 ** i,
-                                      out=layer_acts, approx_gate=self.approx_gate)
+                                      out=layer_acts, fast_tanh=self.fast_tanh)
             if i < len(w.res):
                 wg_kernels.residual_update(layer_acts, w.res[i], w.res_bias[i], x)
         return torch.addmm(w.skip_end_bias, acts, w.skip_end)

@@ -104,17 +104,17 @@ if triton is not None:
         return (t % PHASES).to(tl.int64) * phase_rows + item_base + t // PHASES
 
     @triton.jit
-    def _tanh_pairs(x):
-        """The GPU's tanh instruction on float16 pairs: one op per two values,
-        within one float16 rounding (|tanh| <= 1, so 2^-11)."""
-        return tl.inline_asm_elementwise("tanh.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)],
-                                         dtype=tl.float16, is_pure=True, pack=2).to(tl.float32)
+    def _fast_tanh(x):
+        """The GPU's float32 tanh instruction: relative error at most 2^-10.99
+        (PTX ISA), under the rounding of the 16-bit activations it feeds."""
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
 
     @triton.jit(do_not_specialize=["n_rows", "phase_rows", "item_rows", "frames", "dilation"])
     def _taps_cond_gate_kernel(x_ptr, keep_ptr, win_ptr, wc_ptr, bias_ptr, w_ptr, out_ptr,
                                n_rows, phase_rows, item_rows, frames, dilation, out_stride,
                                C: tl.constexpr, WIN: tl.constexpr, PHASES: tl.constexpr,
-                               DOT_PRECISION: tl.constexpr, APPROX_GATE: tl.constexpr,
+                               DOT_PRECISION: tl.constexpr, FAST_TANH: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # One program: a row block (one phase) x BN channels of both halves,
         # paired. K = 3C taps, then WIN window columns against the block's
@@ -157,10 +157,15 @@ if triton is not None:
             acc = tl.dot(a, tl.load(wc_block + k * (PHASES * 2 * C)), acc, input_precision=DOT_PRECISION)
         acc += tl.load(bias_ptr + pairs).to(tl.float32)[None, :]
         z_tanh, z_sigmoid = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
-        if APPROX_GATE:   # sigmoid(s) = (1 + tanh(s / 2)) / 2
-            acts = _tanh_pairs(z_tanh) * (0.5 + 0.5 * _tanh_pairs(0.5 * z_sigmoid))
+        # The sigmoid is never taken from tanh (0.5 + 0.5 tanh(s/2)): that
+        # cancels where s << 0, which is where trained voices hold most of
+        # their gates, and sigmoid(-10) = 4.5e-5 lies below the half-precision
+        # spacing near 1. tl.sigmoid keeps its relative accuracy there.
+        if FAST_TANH:
+            tanh = _fast_tanh(z_tanh)
         else:             # tanh(a) = 2 sigmoid(2a) - 1
-            acts = (2.0 * tl.sigmoid(2.0 * z_tanh) - 1.0) * tl.sigmoid(z_sigmoid)
+            tanh = 2.0 * tl.sigmoid(2.0 * z_tanh) - 1.0
+        acts = tanh * tl.sigmoid(z_sigmoid)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         # every row is stored, dummy rows too (finite values), so no later
         # product reads memory nothing wrote
@@ -241,7 +246,7 @@ def _grid(n_rows: int, c: int, cfg: dict) -> tuple[int]:
 
 def taps_cond_gate(x: Tensor, keep: Tensor, windows: Tensor, w_cond: Tensor, b_cond: Tensor,
                    w_taps: Tensor, rows: PhaseRows, dilation: int, out: Tensor,
-                   approx_gate: bool = False) -> Tensor:
+                   fast_tanh: bool = False) -> Tensor:
     """One WN layer's gated activations over phase-major rows (module
     docstring), the conditioning computed inside the product.
 
@@ -252,8 +257,9 @@ def taps_cond_gate(x: Tensor, keep: Tensor, windows: Tensor, w_cond: Tensor, b_c
     contiguous, rows [x(t-d) | x(t) | x(t+d)]; the last dimension of each
     weight and bias paired (``paired_gate_columns``); out: (n_rows, C), row
     stride free (a column block of the (n_rows, L C) activations). C and WIN
-    multiples of CHANNELS_MULTIPLE. float32 accumulation; ``approx_gate``:
-    the GPU's tanh instruction (16-bit dtypes on CUDA; elsewhere exact).
+    multiples of CHANNELS_MULTIPLE. float32 accumulation; ``fast_tanh``:
+    the gate's tanh from the GPU's float32 tanh instruction (16-bit dtypes
+    on CUDA; elsewhere exact).
     Every row of ``out`` is written, dummy rows too. Returns ``out``."""
     n, c = x.shape
     win = windows.shape[1]
@@ -270,7 +276,7 @@ def taps_cond_gate(x: Tensor, keep: Tensor, windows: Tensor, w_cond: Tensor, b_c
         x, keep, windows, w_cond, b_cond, w_taps, out,
         n, rows.phase_rows, rows.item_rows, rows.frames, dilation, out.stride(0),
         C=c, WIN=win, PHASES=rows.phases, DOT_PRECISION=dot_precision(x.dtype),
-        APPROX_GATE=bool(approx_gate and x.is_cuda and x.dtype != torch.float32), **cfg)
+        FAST_TANH=bool(fast_tanh and x.is_cuda and x.dtype != torch.float32), **cfg)
     return out
 
 
