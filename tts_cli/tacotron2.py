@@ -285,7 +285,13 @@ class Tacotron2(nn.Module):
     def __init__(self, d: Tacotron2Dims):
         super().__init__()
         self.dims = d
-        self.embedding = nn.Embedding(d.n_symbols, d.embedding_dim)
+        # nn.Embedding's own N(0, 1) draw, except on the meta device, where
+        # models are first built (loading.py) and drawing imports torch's
+        # compiler: 2-5 s of every run's start.
+        weight = torch.empty(d.n_symbols, d.embedding_dim)
+        if weight.device.type != "meta":
+            weight.normal_()
+        self.embedding = nn.Embedding.from_pretrained(weight, freeze=False)
         self.encoder = Encoder(d)
         self.decoder = Decoder(d)
         self.postnet = Postnet(d)
