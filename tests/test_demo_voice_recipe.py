@@ -1056,3 +1056,41 @@ def test_the_constructed_waveglow_runs_in_the_engines_half_precisions(tmp_path):
             got = FastWaveGlow(model, dtype).infer(log_mel, frames, seeds, 0.666).float()
             assert bool(got.isfinite().all()), dtype
             assert float((got - exact).norm() / exact.norm()) < tolerance, dtype
+
+
+# --------------------------------------------------------------------------
+# intelligibility.py
+
+
+def test_spliced_sentences_are_distinct_new_and_repeat_for_a_seed():
+    import intelligibility
+    transcripts = [line.split("|")[1] for line in intelligibility.TRANSCRIPTS.read_text().splitlines()]
+    made = intelligibility.make_sentences(transcripts, 50, seed=3)
+    assert made == intelligibility.make_sentences(transcripts, 50, seed=3)
+    assert len(set(made)) == 50 and not set(made) & set(transcripts)
+    low, high = intelligibility.WORDS_EACH_SIDE
+    for sentence in made:
+        assert 2 * low <= len(sentence.split()) <= 2 * high, sentence
+        assert sentence[0].isupper() and sentence[-1] in ".?!" and not any(c.isdigit() for c in sentence)
+
+
+def test_runs_are_grouped_by_setting_with_their_mean_and_spread():
+    import intelligibility
+    results = [{"run": "fp16-s1", "wer": 0.40}, {"run": "fp16-s2", "wer": 0.44}, {"run": "cpu-s1", "wer": 0.30}]
+    summary = intelligibility.by_setting(results)
+    assert summary["fp16"]["mean"] == pytest.approx(0.42) and summary["fp16"]["range"] == pytest.approx(0.04)
+    assert summary["fp16"]["runs"] == ["fp16-s1", "fp16-s2"]
+    assert summary["cpu"] == {"runs": ["cpu-s1"], "wer": [0.30], "mean": 0.30, "range": 0.0, "stdev": 0.0}
+
+
+def test_a_line_without_audio_counts_every_reference_word_as_missed(tmp_path):
+    import intelligibility
+    run = tmp_path / "fp32-s1"
+    run.mkdir()
+    rows = [{"id": "a", "status": "ok"}, {"id": "b", "status": "error"}]
+    (run / "manifest.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (run / "a.ogg").write_bytes(b"")
+    texts = {"a": "the cat sat", "b": "on the mat today"}
+    heard = {"a": "the cat sat"}
+    result = intelligibility.score_run(run, texts, lambda path: heard[path.stem], cache={})
+    assert result == {"run": "fp32-s1", "wer": 4 / 7, "words": 7}
