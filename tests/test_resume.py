@@ -1,5 +1,6 @@
 """Never lose a line, in process: resume, out-of-memory retries, full disks,
 long lines. (Killing a real process: test_crash.py.)"""
+import dataclasses
 import errno
 import os
 import re
@@ -415,3 +416,75 @@ def test_resume_keys_need_neither_the_engine_nor_the_voice_loader():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# --- what the key covers -----------------------------------------------------------------------
+
+# Settings that cannot change a line's audio or which attempt it keeps, and
+# why. Every other setting must change the key (the test below), so a new
+# option fails it until it is put in the key or here.
+NOT_IN_THE_KEY = {
+    "tacotron2": "the files are in the key by their contents (the voice's fingerprint), not their paths",
+    "waveglow": "as tacotron2",
+    "seed": "the run seed goes into each line's key beside the identity (line_key)",
+    "batch_size": "a line's audio does not depend on the batch that made it",
+    "waveglow_memory": "WaveGlow runs slices of whole lines: a line's audio does not depend on it",
+    "format": "how the corpus is read; what a line says is in its ids",
+    "device": "in the key as the device type the voice resolved to",
+    "precision": "in the key as the precision the voice resolved to",
+    "max_symbols_per_piece": "where a line is cut is in its pieces' ids",
+    "piece_pause": "in the key of a cut line only (line_key), tested below",
+    "save_mels": "writes a mel beside the WAV; the WAV is the same",
+    "strict": "the exit status only",
+    "force": "redoes every line whatever the keys",
+    "quiet": "what is printed only",
+}
+# Another valid value for each setting the key must cover.
+OTHER_VALUES = {
+    "sample_rate": 16000, "sigma": 0.5, "denoiser_strength": 0.02, "max_decoder_steps": 999,
+    "gate_threshold": 0.6, "prenet_dropout": 0.4, "sample_format": "float32", "check_alignment": False,
+    "retries": 3, "min_coverage": 0.7, "min_focus": 0.45, "max_forward_jump": 9, "max_backward_jump": 7,
+    "end_margin": 4, "max_frames_per_symbol": 14.0,
+}
+
+
+def a_voice(**changes):
+    from tts_cli.voice import ResolvedVoice
+    voice = ResolvedVoice(files=None, fingerprint={"tacotron2": "a" * 64, "waveglow": "b" * 64},
+                          device="cpu", precision="fp32", label="test")
+    return dataclasses.replace(voice, **changes)
+
+
+def test_every_setting_changes_the_resume_key_unless_listed_as_not_changing_audio():
+    from tts_cli.config import Settings
+    from tts_cli.resume import audio_identity, line_key
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    assert set(NOT_IN_THE_KEY) | set(OTHER_VALUES) == fields, "classify every setting: in the key or not"
+    assert not set(NOT_IN_THE_KEY) & set(OTHER_VALUES)
+    key = lambda settings: line_key([[5, 6, 7]], "line1", 1, audio_identity(settings, a_voice()), 0.15)
+    base = Settings()
+    unchanged = [name for name, value in OTHER_VALUES.items()
+                 if key(dataclasses.replace(base, **{name: value})) == key(base)]
+    assert unchanged == [], f"these settings change audio but not the resume key: {unchanged}"
+
+
+@pytest.mark.parametrize("change", [{"fingerprint": {"tacotron2": "c" * 64, "waveglow": "b" * 64}},
+                                    {"fingerprint": {"tacotron2": "a" * 64, "waveglow": "c" * 64}},
+                                    {"device": "cuda"}, {"precision": "fp16"}])
+def test_the_models_device_and_precision_change_the_key(change):
+    from tts_cli.config import Settings
+    from tts_cli.resume import audio_identity, line_key
+    key = lambda voice: line_key([[5, 6]], "x", 1, audio_identity(Settings(), voice), 0.15)
+    assert key(a_voice(**change)) != key(a_voice())
+
+
+def test_the_seed_ids_and_cut_change_the_key_and_the_pause_only_that_of_a_cut_line():
+    from tts_cli.config import Settings
+    from tts_cli.resume import audio_identity, line_key
+    identity = audio_identity(Settings(), a_voice())
+    key = lambda pieces=([5, 6, 7],), line_id="x", seed=1, pause=0.15: line_key(
+        [list(p) for p in pieces], line_id, seed, identity, pause)
+    assert len({key(), key(seed=2), key(line_id="y"), key(pieces=([5, 6, 8],)),
+                key(pieces=([5, 6], [7]))}) == 5
+    assert key(pause=0.3) == key(), "one piece: no pause to change"
+    assert key(pieces=([5, 6], [7]), pause=0.3) != key(pieces=([5, 6], [7]))
