@@ -1,6 +1,8 @@
 """Cutting long lines: gentlest boundary first, nothing lost, pieces fit."""
 import re
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,3 +53,28 @@ def test_no_word_is_lost_and_every_piece_fits_unless_it_is_one_word(words, limit
     assert " ".join(pieces).split() == line.split()
     for piece in pieces:
         assert symbols(piece) <= limit or len(re.findall(r"\{[^}]*\}?|\S+", piece)) == 1
+
+
+# Each mark pinned: a short first part, then one that just fits the limit,
+# so that cutting between words instead would pack differently.
+TAIL = "Four five six seven."
+
+
+@pytest.mark.parametrize("mark", [".", "!", "?"])
+@pytest.mark.parametrize("closer", ["", '"', "'", ")", "]"])
+def test_each_sentence_end_and_a_closing_quote_or_bracket_after_it_is_a_cut(mark, closer):
+    first = f"Yes{mark}{closer}"
+    assert split_text(f"{first} {TAIL}", len(TAIL), len) == [first, TAIL]
+
+
+@pytest.mark.parametrize("mark", [",", ";", ":"])
+def test_each_clause_mark_is_a_cut(mark):
+    tail = TAIL.lower()
+    assert split_text(f"Yes{mark} {tail}", len(tail), len) == [f"Yes{mark}", tail]
+
+
+@pytest.mark.parametrize("word", ["Yes -", "Yes --", "(Yes", "Yes'"])
+def test_a_dash_an_opening_bracket_or_a_bare_quote_is_no_cut(word):
+    # not cut there, so the words are packed: the first piece takes words of the tail
+    tail = TAIL.lower()
+    assert split_text(f"{word} {tail}", len(tail), len)[0].startswith(f"{word} four")
