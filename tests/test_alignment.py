@@ -3,6 +3,7 @@ attention is built to read well or to fail (aligned_models.py), retries
 and what the manifest, the summary and the exit status say."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -255,3 +256,41 @@ def test_a_bad_threshold_is_refused_naming_it(tmp_path, voices, option, value):
     result, _ = synth(tmp_path, voices["good"], "--recipe", str(recipe))
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert result.output.startswith(f"tts-batch: error: {recipe}: {option[2:].replace('-', '_')} must be")
+
+
+# Each check pinned to its measure, at its threshold exactly. The jump bounds
+# differ, so a check compared with the other's bound fails here.
+PINNED = Thresholds(min_coverage=0.75, min_focus=0.5, max_forward_jump=8, max_backward_jump=5, end_margin=3,
+                    max_frames_per_symbol=15.0)
+HEALTHY = Health(coverage=0.9, focus=0.9, backward_jump=0, forward_jump=1, symbols_left=0, gated=True,
+                 frames_per_symbol=5.0)
+# measure: (the threshold's value, just past it, what the failure says, the threshold that would pass it)
+AT_THE_THRESHOLD = {
+    "coverage": (0.75, 0.74, "coverage 0.74 < 0.75", "min_coverage"),
+    "focus": (0.5, 0.49, "focus 0.49 < 0.5", "min_focus"),
+    "forward_jump": (8, 9, "jumped 9 symbols ahead (at most 8)", "max_forward_jump"),
+    "backward_jump": (5, 6, "jumped 6 symbols back (at most 5)", "max_backward_jump"),
+    "symbols_left": (3, 4, "did not reach the end: 4 symbols left when the gate fired (at most 3)", "end_margin"),
+    "frames_per_symbol": (15.0, 15.1, "15.1 frames per symbol (at most 15)", "max_frames_per_symbol"),
+}
+
+
+@pytest.mark.parametrize("measure", AT_THE_THRESHOLD)
+def test_each_check_passes_at_its_threshold_fails_just_past_it_naming_only_its_measure(measure):
+    at, past, message, threshold = AT_THE_THRESHOLD[measure]
+    assert HEALTHY.failures(PINNED) == []
+    assert dataclasses.replace(HEALTHY, **{measure: at}).failures(PINNED) == []
+    failing = dataclasses.replace(HEALTHY, **{measure: past})
+    assert failing.failures(PINNED) == [message]
+    assert failing.failures(dataclasses.replace(PINNED, **{threshold: past})) == [], "relaxing it alone passes"
+
+
+def test_a_jump_back_between_the_two_bounds_is_judged_by_the_backward_one():
+    assert dataclasses.replace(HEALTHY, backward_jump=7).failures(PINNED) == ["jumped 7 symbols back (at most 5)"]
+    assert dataclasses.replace(HEALTHY, forward_jump=7).failures(PINNED) == []
+
+
+def test_a_line_whose_gate_never_fired_did_not_reach_the_end_whatever_its_symbols_left():
+    babbled = dataclasses.replace(HEALTHY, gated=False)
+    assert babbled.failures(PINNED) == ["did not reach the end: the gate never fired"]
+    assert not babbled.reached_end(dataclasses.replace(PINNED, end_margin=10 ** 6))
