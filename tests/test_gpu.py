@@ -352,7 +352,7 @@ def test_the_readme_s_main_command_runs_on_the_gpu_with_the_demo_voice(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "demo voice" in done.stderr
     rows = manifest(tmp_path / "out")
-    assert len(rows) == 5 and all(r["status"] in ("ok", "suspect") and r["duration"] > 0.5 for r in rows)
+    assert len(rows) == 5 and all(r["status"] == "ok" and r["duration"] > 0.5 for r in rows), rows
     for r in rows:
         audio, rate = sf.read(tmp_path / "out" / r["audio_filepath"], dtype="float32")
         assert rate == 22050 and np.isfinite(audio).all() and np.abs(audio).max() > 1e-3

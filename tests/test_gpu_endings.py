@@ -88,7 +88,8 @@ def test_a_real_out_of_memory_splits_the_batch_and_the_run_finishes(where):
     assert len(out) > 1, "the batch was not split"
     for js, r in errors:
         assert len(js) == 1 and isinstance(r, SynthesisError) and r.out_of_memory, (len(js), r)
-    assert len(errors) < 64
+    # with room for one line six times over, every line is made (the README says so)
+    assert errors == []
     if where == "waveglow":
         made = {j.seed: result for js, rs in out if not isinstance(rs, Exception) for j, result in zip(js, rs)}
         for job, result in zip(reference[0][0], reference[0][1]):
