@@ -6,12 +6,16 @@ cmudict.py), never by running our code. If one of these fails, the model is
 being fed different symbols than it was trained on.
 """
 
+import json
 import string
+import subprocess
+import sys
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from tts_cli import text as front_end
 from tts_cli.text import (
     PAD_ID,
     SYMBOLS,
@@ -527,3 +531,21 @@ def test_plain_text_ids_are_exactly_the_kept_characters_of_clean_text(text):
 @given(st.lists(st.integers(min_value=64, max_value=147), min_size=1, max_size=8))
 def test_phone_ids_round_trip_through_braced_text(ids):
     assert text_to_sequence(sequence_to_text(ids)) == ids
+
+
+def test_numbers_read_as_a_plainly_imported_inflect_reads_them():
+    """inflect is imported without typeguard's argument checks (text.py, for a
+    fast start); its words must be those of inflect imported as usual, in a
+    fresh interpreter, for every way text.py calls it."""
+    numbers = [0, 7, 13, 104, 1986, 2000, 2007, 10**6 + 1, 10**35 + 12345]
+    calls = [{}, {"andword": ""}, {"andword": "", "zero": "oh", "group": 2}]
+    ordinals = ["1st", "22nd", "104th", "2th"]
+    plain = subprocess.run(
+        [sys.executable, "-c",
+         "import inflect, json, sys; e = inflect.engine(); numbers, calls, ordinals = json.load(sys.stdin); "
+         "print(json.dumps([[e.number_to_words(n, **c) for c in calls] for n in numbers] "
+         "+ [e.number_to_words(o) for o in ordinals]))"],
+        input=json.dumps([numbers, calls, ordinals]), capture_output=True, text=True, check=True)
+    ours = ([[front_end._words(n, **c) for c in calls] for n in numbers]
+            + [front_end._number_speller().number_to_words(o) for o in ordinals])
+    assert ours == json.loads(plain.stdout)
