@@ -313,8 +313,9 @@ def test_queueing_the_next_batch_early_gives_the_same_files_in_the_same_order_on
             assert a.frames == b.frames and rel(a.audio, b.audio) < 1e-3 and rel(a.mel, b.mel) < 1e-3
 
 
-def run_cli(*args, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def run_cli(*args, cwd: Path, **environment: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           **environment}
     return subprocess.run([sys.executable, "-m", "tts_cli", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -356,3 +357,18 @@ def test_the_readme_s_main_command_runs_on_the_gpu_with_the_demo_voice(tmp_path)
     for r in rows:
         audio, rate = sf.read(tmp_path / "out" / r["audio_filepath"], dtype="float32")
         assert rate == 22050 and np.isfinite(audio).all() and np.abs(audio).max() > 1e-3
+
+
+def test_a_first_run_says_it_compiles_the_kernels_and_a_second_does_not(tmp_path):
+    """With an empty Triton cache, the run says before it starts that it
+    compiles the voice's kernels and where they are kept; the next run,
+    with them cached, says nothing of it."""
+    corpus = ROOT / "examples" / "corpus.txt"
+    cache = tmp_path / "triton-cache"
+    said = []
+    for run in ("first", "second"):
+        done = run_cli(corpus, "-o", tmp_path / run, cwd=tmp_path, TRITON_CACHE_DIR=str(cache))
+        assert done.returncode == 0, done.stderr[-2000:]
+        said.append([line for line in done.stderr.splitlines() if "compiling its GPU kernels" in line])
+    assert len(said[0]) == 1 and str(cache) in said[0][0], said
+    assert said[1] == []

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tts_cli import kernels
 from tts_cli.alignment import Checked, Health, Thresholds, best
 from tts_cli.batching import pad_sequences
 from tts_cli.config import REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
@@ -222,6 +223,14 @@ class Engine:
         self.waveglow = waveglow.to(device=device, dtype=dtype).eval()
         on_gpu = self.fast and device.type == "cuda"
         self.graphed = GraphedDecoder(self.tacotron2, settings.decode) if on_gpu else None
+        # First run of these shapes on this machine: Triton compiles the kernels.
+        self.compiled = None
+        if on_gpu and kernels.available():
+            self.compiled = kernels.CompiledMark(f"{tacotron2.dims} {waveglow.dims} {dtype}")
+            if not self.compiled.seen():
+                self.notices.append(f"first run of this voice in {precision_name(dtype)} on this machine: "
+                                    f"compiling its GPU kernels, {kernels.FIRST_COMPILE} (once; later runs "
+                                    f"load them from {self.compiled.path.parent})")
         # WaveGlow runs over at most this many (item x group step) rows at once,
         # which bounds its memory whatever the batch (15 GiB: ~1M rows in fp16).
         dims = self.fast_waveglow.padded_dims if self.fast_waveglow is not None else self.waveglow.dims
@@ -449,6 +458,9 @@ class Engine:
             while (item := _get(results, abort)) is not _DONE:
                 if isinstance(item, _Crash):
                     raise item.error
+                if self.compiled is not None and not isinstance(item[1], Exception):
+                    self.compiled.remember()
+                    self.compiled = None
                 yield item
         finally:
             halt.set()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from tts_cli import kernels
 from tts_cli.alignment import Thresholds
 from tts_cli.checkpoints import (CheckpointError, VoiceInfo, load_tacotron2_weights, load_waveglow,
                                  read_voice_info)
@@ -29,6 +30,8 @@ def load_engine(settings: Settings, voice: ResolvedVoice) -> tuple[Engine, Setti
     read). The engine's own notices (a model the fast path cannot serve, a
     denoiser that cannot act) are in ``engine.notices``."""
     device = _confirmed_device(voice.device, settings.device)
+    if device.type == "cuda":
+        kernels.prepare()
     dtype, _ = resolve_precision(device, voice.precision)
     tacotron2, waveglow, own = _load(voice.files)
     settings = with_voice(settings, _with_reference_values(own, voice.files.waveglow))

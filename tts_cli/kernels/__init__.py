@@ -11,6 +11,11 @@ torch. Tests run the kernels on the CPU through Triton's interpreter
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import threading
+from pathlib import Path
+
 import torch
 
 try:
@@ -27,3 +32,57 @@ def dot_precision(dtype: torch.dtype) -> str:
     """``tl.dot``'s input precision: float32 stays float32 (no TF32); the
     setting is moot for 16-bit inputs."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# What a first run on a machine spends compiling the kernels for a voice and
+# precision (BENCHMARKS.md, Start-up): the notice says so before it starts.
+FIRST_COMPILE = "about 10 s"
+# The modules whose code decides what Triton compiles.
+_KERNEL_SOURCES = ("kernels/decoder.py", "kernels/waveglow.py", "decoder_graph.py", "waveglow_fast.py")
+
+
+def prepare() -> None:
+    """Start, on a thread, what Triton does before its first cache lookup in
+    a process: it hashes its own compiler and libtriton (about 0.5 s on an
+    H200 machine), which would otherwise delay the first decoder graph.
+    Hashing lets go of the interpreter, so it overlaps reading the model
+    files. Triton caches the result; where that function is not where this
+    looks, nothing happens and the first lookup pays as before."""
+    key = getattr(getattr(getattr(triton, "runtime", None), "cache", None), "triton_key", None)
+    if key is not None:
+        threading.Thread(target=key, name="tts-triton-key", daemon=True).start()
+
+
+class CompiledMark:
+    """Whether this machine has compiled the kernels for one voice shape and
+    precision before: a file in Triton's cache directory, named by a hash of
+    the kernels' code, Triton's and torch's versions, the GPU and ``what``
+    (the models' dimensions and dtype). It lives beside the compiled kernels,
+    so clearing Triton's cache clears it too."""
+
+    def __init__(self, what: str):
+        package = Path(__file__).resolve().parent.parent
+        digest = hashlib.sha256(what.encode())
+        for name in _KERNEL_SOURCES:
+            digest.update((package / name).read_bytes())
+        digest.update(f"{triton.__version__} {torch.__version__} {torch.cuda.get_device_name()}".encode())
+        self.path = _triton_cache_dir() / f"tts-batch-{digest.hexdigest()[:24]}.compiled"
+
+    def seen(self) -> bool:
+        return self.path.exists()
+
+    def remember(self) -> None:
+        """Mark the kernels compiled; a cache directory that cannot be written
+        only means the next run says it compiles again."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.touch()
+        except OSError:
+            pass
+
+
+def _triton_cache_dir() -> Path:
+    """Where Triton keeps compiled kernels (TRITON_CACHE_DIR, else its default)."""
+    knobs = getattr(triton, "knobs", None)
+    configured = getattr(getattr(knobs, "cache", None), "dir", None)
+    return Path(configured or os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
