@@ -5,6 +5,7 @@ the WaveGlow file states for itself (the run's own settings win).
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -29,13 +30,37 @@ def load_engine(settings: Settings, voice: ResolvedVoice) -> tuple[Engine, Setti
     in where the run leaves them unset (what the WAVs and the manifest
     read). The engine's own notices (a model the fast path cannot serve, a
     denoiser that cannot act) are in ``engine.notices``."""
-    device = _confirmed_device(voice.device, settings.device)
-    if device.type == "cuda":
-        kernels.prepare()
-    dtype, _ = resolve_precision(device, voice.precision)
+    starting = _start_cuda(voice.device)
     tacotron2, waveglow, own = _load(voice.files)
+    if starting is not None:
+        starting.join()
+    device = _confirmed_device(voice.device, settings.device)
+    dtype, _ = resolve_precision(device, voice.precision)
     settings = with_voice(settings, _with_reference_values(own, voice.files.waveglow))
     return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, device)), settings
+
+
+def _start_cuda(name: str) -> threading.Thread | None:
+    """On CUDA, a thread that starts the driver, the device's context and
+    cuBLAS (0.3 s on an H200 machine, spent in the driver with the
+    interpreter free) and Triton's cache key (``kernels.prepare``) while the
+    model files are read and built. Whatever fails there fails again, and
+    is reported, in ``_confirmed_device``."""
+    if not name.startswith("cuda"):
+        return None
+
+    def start():
+        kernels.prepare()
+        try:
+            torch.cuda.mem_get_info(name)
+            small = torch.ones(16, 16, device=name)
+            small @ small   # loads cuBLAS's kernels
+        except Exception:  # noqa: BLE001 - see above
+            pass
+
+    thread = threading.Thread(target=start, name="tts-cuda-start", daemon=True)
+    thread.start()
+    return thread
 
 
 def _confirmed_device(expected: str, requested: str | None) -> torch.device:
