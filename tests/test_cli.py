@@ -256,3 +256,32 @@ def test_the_plan_comes_first_and_a_rerun_with_nothing_to_do_never_imports_torch
     assert "3 lines: 0 to do, 2 reused from an earlier run, 1 without audio" in stderr
     # the alignment checks on, as by default (the random model's lines may come out suspect)
     assert re.search(r"nothing to do: 3 lines: .*1 skipped; 2 reused from an earlier run", stderr), stderr
+
+
+def test_the_command_ends_with_its_status_its_summary_said_and_every_file_in_place(tmp_path,
+                                                                                  never_stopping_checkpoints):
+    """``python -m tts_cli`` ends the process as soon as the work is done
+    (cli.run): the summary still reaches stderr, the exit status is the
+    command's (1 with --strict and a truncated line), and the manifest
+    and WAVs are complete on disk."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    tacotron2, waveglow = never_stopping_checkpoints
+    done = subprocess.run(
+        [sys.executable, "-m", "tts_cli", str(corpus), "-o", str(tmp_path / "out"), "--tacotron2", str(tacotron2),
+         "--waveglow", str(waveglow), "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1",
+         "--no-check-alignment", "--strict"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    rows = manifest(tmp_path / "out")
+    assert sum(r["status"] == "truncated" for r in rows) == 4   # every spoken line: its gate never fires
+    assert done.returncode == 1, done.stderr
+    assert "6 lines:" in done.stderr and "manifest:" in done.stderr.splitlines()[-1], done.stderr
+    assert len(rows) == 6
+    for r in rows:
+        if r["audio_filepath"]:
+            assert sf.info(tmp_path / "out" / r["audio_filepath"]).frames == r["num_samples"]
+    # what goes to a piped stdout (block-buffered) is flushed before the end
+    version = subprocess.run([sys.executable, "-m", "tts_cli", "--version"], capture_output=True, text=True,
+                             cwd=ROOT, timeout=60)
+    assert version.returncode == 0 and re.search(r"version \d", version.stdout), version

@@ -1,4 +1,6 @@
 """The device and precision a run expects before torch is imported."""
+import ctypes.util
+
 import pytest
 import torch
 
@@ -42,3 +44,12 @@ def test_cpu_runs_fp32_and_says_why_when_asked_otherwise():
     assert expected_precision("cpu", "bf16") == ("fp32", "--precision bf16 is for CUDA; running on CPU in fp32")
     assert expected_precision("cuda:0", None) == ("fp16", None)
     assert expected_precision("cuda", "bf16") == ("bf16", None)
+
+
+@pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="this machine has CUDA's driver")
+def test_without_cuda_s_driver_the_early_context_gives_up_quietly():
+    """On a machine with no CUDA driver library (a run asked for cuda there
+    ends in torch's one-line refusal, not in this thread), making the
+    context early neither raises nor claims a context."""
+    assert devices._retain_primary_context(0) is False
+    devices.open_cuda_early("cuda:1")   # returns at once: the work is on its thread

@@ -1,5 +1,5 @@
 """``python -m tts_cli`` runs the ``tts-batch`` command."""
-from tts_cli.cli import main
+from tts_cli.cli import run
 
 if __name__ == "__main__":
-    main(prog_name="tts-batch")
+    run()

@@ -26,6 +26,7 @@ from tts_cli.alignment import Checked, Thresholds, line_record, suspicion
 from tts_cli.audio import atomic_write, write_mel, write_wav
 from tts_cli.config import BATCH_SIZES, SHORTEST_FIRST, Settings
 from tts_cli.corpus import Utterance
+from tts_cli.devices import device_type, open_cuda_early
 from tts_cli.errors import FatalError, OutputError, cannot_write, first_line
 from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_audio
 from tts_cli.journal import ManifestJournal
@@ -148,6 +149,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     _prepare_output(out_dir, settings, remove_temp_files=group is None or group.rank == 0)
     if share.batches and not stop.is_set():   # a signal during the checks: no need to load
         if engine is None:
+            if device_type(voice.device) == "cuda":
+                open_cuda_early(voice.device)
             from tts_cli.loading import load_engine
             engine, voiced = load_engine(settings, voice)
         notices.extend(engine.notices)
