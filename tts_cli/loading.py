@@ -5,14 +5,12 @@ the WaveGlow file states for itself (the run's own settings win).
 """
 from __future__ import annotations
 
-import threading
 import warnings
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from tts_cli import kernels
 from tts_cli.alignment import Thresholds
 from tts_cli.checkpoints import (CheckpointError, VoiceInfo, load_tacotron2_weights, load_waveglow,
                                  read_voice_info)
@@ -30,37 +28,11 @@ def load_engine(settings: Settings, voice: ResolvedVoice) -> tuple[Engine, Setti
     in where the run leaves them unset (what the WAVs and the manifest
     read). The engine's own notices (a model the fast path cannot serve, a
     denoiser that cannot act) are in ``engine.notices``."""
-    starting = _start_cuda(voice.device)
-    tacotron2, waveglow, own = _load(voice.files)
-    if starting is not None:
-        starting.join()
     device = _confirmed_device(voice.device, settings.device)
     dtype, _ = resolve_precision(device, voice.precision)
+    tacotron2, waveglow, own = _load(voice.files)
     settings = with_voice(settings, _with_reference_values(own, voice.files.waveglow))
     return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, device)), settings
-
-
-def _start_cuda(name: str) -> threading.Thread | None:
-    """On CUDA, a thread that starts the driver, the device's context and
-    cuBLAS (0.3 s on an H200 machine, spent in the driver with the
-    interpreter free) and Triton's cache key (``kernels.prepare``) while the
-    model files are read and built. Whatever fails there fails again, and
-    is reported, in ``_confirmed_device``."""
-    if not name.startswith("cuda"):
-        return None
-
-    def start():
-        kernels.prepare()
-        try:
-            torch.cuda.mem_get_info(name)
-            small = torch.ones(16, 16, device=name)
-            small @ small   # loads cuBLAS's kernels
-        except Exception:  # noqa: BLE001 - see above
-            pass
-
-    thread = threading.Thread(target=start, name="tts-cuda-start", daemon=True)
-    thread.start()
-    return thread
 
 
 def _confirmed_device(expected: str, requested: str | None) -> torch.device:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from pathlib import Path
 
 import torch
@@ -39,18 +38,6 @@ def dot_precision(dtype: torch.dtype) -> str:
 FIRST_COMPILE = "about 10 s"
 # The modules whose code decides what Triton compiles.
 _KERNEL_SOURCES = ("kernels/decoder.py", "kernels/waveglow.py", "decoder_graph.py", "waveglow_fast.py")
-
-
-def prepare() -> None:
-    """Start, on a thread, what Triton does before its first cache lookup in
-    a process: it hashes its own compiler and libtriton (about 0.5 s on an
-    H200 machine), which would otherwise delay the first decoder graph.
-    Hashing lets go of the interpreter, so it overlaps reading the model
-    files. Triton caches the result; where that function is not where this
-    looks, nothing happens and the first lookup pays as before."""
-    key = getattr(getattr(getattr(triton, "runtime", None), "cache", None), "triton_key", None)
-    if key is not None:
-        threading.Thread(target=key, name="tts-triton-key", daemon=True).start()
 
 
 class CompiledMark:
