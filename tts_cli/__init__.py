@@ -7,3 +7,12 @@ runs the models on a device, pipeline.py runs the whole job, cli.py is the
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # ``from tts_cli import Synthesizer`` without importing the pipeline for
+    # the command, which starts before any of it is needed.
+    if name == "Synthesizer":
+        from tts_cli.synthesizer import Synthesizer
+        return Synthesizer
+    raise AttributeError(f"module 'tts_cli' has no attribute {name!r}")

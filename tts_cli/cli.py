@@ -165,16 +165,17 @@ def _checked(corpus: Path, out_dir: Path, recipe: str, format_: str | None, opti
     for a bad option, recipe, path or corpus: all of it before torch is
     imported, so a mistake is reported at once."""
     from tts_cli.corpus import STDIN, CorpusError, format_hint, read_corpus
+    from tts_cli.errors import FatalError
+    from tts_cli.synthesizer import check_files
 
     try:
         settings = load_settings(recipe, {"format": format_, **options})
     except ConfigError as e:
         fatal(str(e))
-    for kind in ("tacotron2", "waveglow"):
-        path = getattr(settings, kind)
-        if path is not None and not Path(path).is_file():
-            problem = "is a directory; give the checkpoint file" if Path(path).is_dir() else "no such file"
-            fatal(f"{kind} checkpoint {path}: {problem}")
+    try:
+        check_files(settings)
+    except FatalError as e:
+        fatal(str(e))
     if out_dir.exists() and not out_dir.is_dir():
         fatal(f"-o {out_dir}: is a file; give a directory for the WAVs and the manifest")
     if str(corpus) == STDIN and _under_torchrun():
@@ -199,7 +200,8 @@ def _synth(settings, utterances, out_dir, signals):
     """The run, or its end: one line and the exit status for a usage or
     output error (2) and for a signal (130, 143)."""
     from tts_cli.errors import FatalError
-    from tts_cli.pipeline import Interrupted, synthesize_corpus
+    from tts_cli.pipeline import Interrupted
+    from tts_cli.synthesizer import Synthesizer
 
     group, joined, ends = None, contextlib.nullcontext(), (FatalError,)
     if _under_torchrun():   # torch.distributed; a run on its own does not import torch until it has work
@@ -213,8 +215,8 @@ def _synth(settings, utterances, out_dir, signals):
     echo = (lambda message: None) if settings.quiet else (lambda message: click.echo(message, err=True))
     try:
         with joined:
-            summary = synthesize_corpus(settings, utterances, out_dir, on_notice=echo, group=group,
-                                        signals=signals)
+            summary = Synthesizer(settings).synthesize_to_dir(utterances, out_dir, on_notice=echo, signals=signals,
+                                                              group=group)
     except ends as e:
         fatal(str(e))
     except Interrupted as e:

@@ -226,3 +226,13 @@ def _check_type(where: str, key: str, value: Any) -> None:
         return
     if isinstance(value, bool) and base != "bool" or not isinstance(value, expected[base]):
         raise ConfigError(f"{where}: {key} must be {base}, got {value!r}")
+
+
+# Settings that decide what the loaded models make, so a ``Synthesizer``
+# takes them when it loads (the engine is built from them); the others are
+# the run's own.
+MODEL_SETTINGS = frozenset({
+    "tacotron2", "waveglow", "device", "precision", "sigma", "denoiser_strength", "max_decoder_steps",
+    "gate_threshold", "prenet_dropout", "waveglow_memory", "save_mels", "check_alignment", "min_coverage",
+    "min_focus", "max_forward_jump", "max_backward_jump", "end_margin", "max_frames_per_symbol",
+})

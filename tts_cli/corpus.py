@@ -98,6 +98,15 @@ def read_corpus(path: str | os.PathLike, fmt: str = "plain") -> list[Utterance]:
     return [utterance for utterance, _ in parsed]
 
 
+def utterances_from_texts(texts: list[str]) -> list[Utterance]:
+    """What ``read_corpus`` gives for a plain corpus whose lines are
+    ``texts`` (the same ids, so the same seeds), one utterance per text
+    whatever line breaks it holds."""
+    width = max(_MIN_ID_WIDTH, len(str(len(texts))))
+    return [Utterance(line=n, id=f"{n:0{width}d}", text=text, problem=None if text.strip() else EMPTY_LINE)
+            for n, text in enumerate(texts, start=1)]
+
+
 def format_hint(path: str | os.PathLike, utterances: list[Utterance], fmt: str) -> str | None:
     """One line suggesting --format ljspeech or tsv for a plain corpus whose
     lines mostly start with an id and that format's separator; else None.

@@ -22,17 +22,20 @@ from tts_cli.voice import ResolvedVoice, Voice, choose_voice, resolve_voice
 from tts_cli.waveglow import WaveGlow
 
 
-def load_engine(settings: Settings, voice: ResolvedVoice) -> tuple[Engine, Settings]:
-    """The models of ``voice`` loaded into an engine on its device, and the
+def load_engine(settings: Settings, voice: ResolvedVoice) -> tuple[Engine, Settings, VoiceInfo]:
+    """The models of ``voice`` loaded into an engine on its device; the
     run's settings with the voice's sample rate and denoiser strength filled
     in where the run leaves them unset (what the WAVs and the manifest
-    read). The engine's own notices (a model the fast path cannot serve, a
-    denoiser that cannot act) are in ``engine.notices``."""
+    read); and the voice's name, sample rate and denoiser strength (its
+    WaveGlow file's, else the reference's). The engine's own notices (a
+    model the fast path cannot serve, a denoiser that cannot act) are in
+    ``engine.notices``."""
     device = _confirmed_device(voice.device, settings.device)
     dtype, _ = resolve_precision(device, voice.precision)
     tacotron2, waveglow, own = _load(voice.files)
-    settings = with_voice(settings, _with_reference_values(own, voice.files.waveglow))
-    return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, device)), settings
+    info = _with_reference_values(own, voice.files.waveglow)
+    settings = with_voice(settings, info)
+    return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, device)), settings, info
 
 
 def _confirmed_device(expected: str, requested: str | None) -> torch.device:
@@ -52,7 +55,7 @@ def make_engine(settings: Settings, notices: list[str]) -> Engine:
     """``load_engine`` of the settings' voice, every notice added to ``notices``."""
     voice = resolve_voice(settings)
     notices.extend(voice.notices)
-    engine, _ = load_engine(settings, voice)
+    engine, _, _ = load_engine(settings, voice)
     notices.extend(engine.notices)
     return engine
 

@@ -35,6 +35,7 @@ from tts_cli.signals import StopOnSignals
 from tts_cli.voice import ResolvedVoice, resolve_voice
 
 if TYPE_CHECKING:   # torch: imported once there is work (loading.py) or under torchrun
+    from tts_cli.checkpoints import VoiceInfo
     from tts_cli.distributed import Group
     from tts_cli.engine import Engine, Job, Result
 
@@ -92,7 +93,8 @@ class RunSummary:
 def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice=print,
                       engine: Engine | None = None,
                       group: Group | None = None,
-                      signals: StopOnSignals | None = None) -> RunSummary:
+                      signals: StopOnSignals | None = None,
+                      voice: ResolvedVoice | None = None, voice_info: VoiceInfo | None = None) -> RunSummary:
     """Synthesize every line of a corpus (``corpus.read_corpus``) into
     ``out_dir``, reusing the WAVs an earlier run left there when their resume
     key matches. Problems with single lines become manifest rows; problems
@@ -105,7 +107,8 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
     manifest at the end; only rank 0's summary covers the whole job.
 
     The benchmark passes its own ``engine`` (random full-size weights, each
-    line's decode length fixed by it).
+    line's decode length fixed by it); a ``Synthesizer`` passes the engine it
+    loaded with its ``voice`` and what the voice's file says (``voice_info``).
 
     ``signals``: the caller's handlers, already installed (the command
     installs them before anything else); without them the run installs its
@@ -113,12 +116,13 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
     with contextlib.nullcontext(signals) if signals else StopOnSignals() as signals:
         with output_lock.held(out_dir, group):
             return _synthesize(settings, utterances, out_dir, on_notice, engine,
-                               group, signals)
+                               group, signals, voice, voice_info)
 
 
 def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice,
                 engine: Engine | None,
-                group: Group | None, signals: StopOnSignals) -> RunSummary:
+                group: Group | None, signals: StopOnSignals, voice: ResolvedVoice | None = None,
+                voice_info: VoiceInfo | None = None) -> RunSummary:
     """``synthesize_corpus`` once the corpus is read and the output directory
     is this run's."""
     manifest_path = out_dir / resume.MANIFEST_NAME
@@ -126,11 +130,14 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     seed, seed_source = resume.run_seed(settings, previous)
     if group is not None:
         seed = _together(group, _distributed().agree_on_seed, seed)
-    if engine is not None:
+    if engine is not None and voice is None:   # the bench's: no files behind it
         from tts_cli.loading import engine_voice
         voice, voiced = engine_voice(engine, settings)
+    elif engine is not None:
+        from tts_cli.loading import with_voice
+        voiced = with_voice(settings, voice_info)
     else:   # torch is not imported until there is work (loading.py)
-        voice, voiced = resolve_voice(settings), None
+        voice, voiced = voice or resolve_voice(settings), None
     identity = resume.audio_identity(settings, voice)
     rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.
@@ -152,7 +159,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
             if device_type(voice.device) == "cuda":
                 open_cuda_early(voice.device)
             from tts_cli.loading import load_engine
-            engine, voiced = load_engine(settings, voice)
+            engine, voiced, _ = load_engine(settings, voice)
         notices.extend(engine.notices)
         for notice in engine.notices:
             on_notice(notice)
@@ -390,13 +397,7 @@ def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Wr
     the work in flight is dropped, the rows of the lines written are saved."""
     for p in share.lines:
         checkpoint.pending_normalized[p.utterance.line] = p.normalized
-    work = [item for batch in share.batches for item in batch]   # job.index -> (line, piece)
-    from tts_cli.engine import Job   # loaded with the models
-    job_batches, n = [], 0
-    for batch in share.batches:
-        job_batches.append([Job(p.pieces[i], p.seeds[i], index=n + k, retry_seeds=tuple(p.retry_seeds[i]))
-                            for k, (p, i) in enumerate(batch)])
-        n += len(batch)
+    job_batches, work = jobs_of(share.batches)
     failure: OSError | None = None
     progress = _Progress(len(share.lines), settings.quiet)
     results = engine.synthesize_all(job_batches, stop=signals.stop, abort=signals.abort)
@@ -404,7 +405,7 @@ def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Wr
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, progress, \
             contextlib.closing(results):
         for jobs, made in results:
-            done, handed = _collect(jobs, made, work, share.shared)
+            done, handed = collect(jobs, made, work, share.shared)
             del made
             writes = ([(p, pool.submit(writer.write, p)) for p in done]
                       + [(None, pool.submit(writer.write_piece, p, i)) for p, i in handed])
@@ -432,7 +433,20 @@ def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Wr
         raise OutputError(cannot_write(writer.out_dir, failure))
 
 
-def _collect(jobs: list[Job], results: list[Result] | Exception, work: list[tuple[PendingLine, int]],
+def jobs_of(batches: list[list[tuple[PendingLine, int]]]) -> tuple[list[list[Job]], list[tuple[PendingLine, int]]]:
+    """The engine's jobs for the plan's batches of (line, piece), and the
+    (line, piece) each job's ``index`` stands for."""
+    from tts_cli.engine import Job   # loaded with the models
+    work = [item for batch in batches for item in batch]
+    job_batches, n = [], 0
+    for batch in batches:
+        job_batches.append([Job(p.pieces[i], p.seeds[i], index=n + k, retry_seeds=tuple(p.retry_seeds[i]))
+                            for k, (p, i) in enumerate(batch)])
+        n += len(batch)
+    return job_batches, work
+
+
+def collect(jobs: list[Job], results: list[Result] | Exception, work: list[tuple[PendingLine, int]],
              shared: set[PendingLine]) -> tuple[list[PendingLine], list[tuple[PendingLine, int]]]:
     """Hand each piece's result to its line: the lines now complete, and
     the pieces of shared lines (to hand on through files)."""
@@ -479,7 +493,7 @@ class _Writer:
         u, s = p.utterance, self.settings
         failed = [r for r in p.results if isinstance(r, Exception)]
         if failed:
-            return row_without_audio(u, p.normalized, "error", _failure_reason(failed[0]), self.run_seed)
+            return row_without_audio(u, p.normalized, "error", failure_reason(failed[0]), self.run_seed)
         audio = self._joined([r.audio for r in p.results])
         if not np.isfinite(audio).all():
             return row_without_audio(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed)
@@ -500,7 +514,7 @@ class _Writer:
                 with contextlib.suppress(OSError):
                     (self.out_dir / name).unlink(missing_ok=True)
             raise
-        status, reason = _verdict(p.results, s.max_decoder_steps)
+        status, reason = verdict(p.results, s.max_decoder_steps)
         return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=p.normalized,
                            audio_filepath=wav, duration=audio.shape[0] / s.sample_rate,
                            num_samples=int(audio.shape[0]),
@@ -516,7 +530,7 @@ class _Writer:
         """A shared line's piece, for the process that writes the line."""
         r = p.results[i]
         if isinstance(r, Exception):
-            arrays = {"failure": np.array(_failure_reason(r))}
+            arrays = {"failure": np.array(failure_reason(r))}
         else:
             arrays = {"audio": r.audio, "frames": np.array(r.frames), "truncated": np.array(r.truncated)}
             if r.mel is not None:
@@ -546,21 +560,25 @@ class _Writer:
                 self._piece_path(p, i).unlink()
 
     def _joined(self, pieces: list[np.ndarray]) -> np.ndarray:
-        """The pieces' audio with ``piece_pause`` seconds of silence between them."""
-        if len(pieces) == 1:
-            return pieces[0]
-        pause = np.zeros(round(self.settings.piece_pause * self.settings.sample_rate), np.float32)
-        joined = [pieces[0]]
-        for piece in pieces[1:]:
-            joined += [pause, piece]
-        return np.concatenate(joined)
+        return joined_audio(pieces, self.settings)
+
+
+def joined_audio(pieces: list[np.ndarray], settings: Settings) -> np.ndarray:
+    """A line's pieces' audio with ``piece_pause`` seconds of silence between them."""
+    if len(pieces) == 1:
+        return pieces[0]
+    pause = np.zeros(round(settings.piece_pause * settings.sample_rate), np.float32)
+    joined = [pieces[0]]
+    for piece in pieces[1:]:
+        joined += [pause, piece]
+    return np.concatenate(joined)
 
 
 class _MadeElsewhere(Exception):
     """A shared line's piece that failed on another process (its reason)."""
 
 
-def _failure_reason(e: Exception) -> str:
+def failure_reason(e: Exception) -> str:
     """The engine's SynthesisError and _MadeElsewhere say it in one line already."""
     from tts_cli.engine import SynthesisError   # loaded: a result came from it
     if isinstance(e, (SynthesisError, _MadeElsewhere)):
@@ -568,7 +586,7 @@ def _failure_reason(e: Exception) -> str:
     return f"synthesis failed: {first_line(e)}"
 
 
-def _verdict(results: list[Result], max_steps: int) -> tuple[str, str | None]:
+def verdict(results: list[Result], max_steps: int) -> tuple[str, str | None]:
     """A made line's status and reason: ``truncated`` when a piece reached
     max_decoder_steps, ``suspect`` when a piece's kept attempt fails the
     alignment checks, else ``ok``."""

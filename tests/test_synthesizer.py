@@ -1,0 +1,125 @@
+"""The Python front door: Synthesizer.load, .synthesize, .synthesize_to_dir."""
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from click.testing import CliRunner
+
+from outputs import manifest
+from tts_cli import Synthesizer
+from tts_cli.cli import main
+from tts_cli.config import ConfigError
+from tts_cli.errors import FatalError
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = ["Printing, in the only sense with which we are at present concerned.", "", "It cost $3.50 in 1963.",
+         "A much longer line, which goes on and on, so that it lands in another batch than the short ones.",
+         "Hi."]
+SAME = dict(device="cpu", max_decoder_steps=12)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoints):
+    tacotron2, waveglow = tiny_checkpoints
+    return Synthesizer.load(tacotron2, waveglow, **SAME)
+
+
+def test_synthesize_gives_each_text_the_audio_the_command_writes_for_it(tmp_path, tiny, tiny_checkpoints):
+    """In memory, in the order given, each text's audio is bitwise the WAV
+    that `tts-batch` writes for the same line of a plain corpus with the same
+    seed; a text with nothing to say gives an empty array."""
+    audio = tiny.synthesize(TEXTS, seed=5)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    tacotron2, waveglow = tiny_checkpoints
+    result = CliRunner().invoke(main, [str(corpus), "-o", str(tmp_path / "out"), "--tacotron2", str(tacotron2),
+                                       "--waveglow", str(waveglow), "--device", "cpu", "--max-decoder-steps", "12",
+                                       "--seed", "5", "--sample-format", "float32", "-q"])
+    assert result.exit_code == 0, result.output
+    rows = manifest(tmp_path / "out")
+    assert len(audio) == len(TEXTS) == len(rows)
+    for made, row in zip(audio, rows):
+        assert made.dtype == np.float32 and made.ndim == 1
+        if row["audio_filepath"] is None:
+            assert made.shape == (0,)
+            continue
+        written, rate = sf.read(tmp_path / "out" / row["audio_filepath"], dtype="float32")
+        assert rate == tiny.sample_rate and np.array_equal(made, written)
+    assert tiny.synthesize(TEXTS[2:3], seed=5)[0].shape[0] > 0
+
+
+def test_the_voice_is_known_once_loaded(tiny):
+    assert tiny.voice.sample_rate == tiny.sample_rate == 22050
+    assert tiny.voice.name == "waveglow_256channels_universal_v5"   # NVIDIA's files name none: the file's stem
+    assert tiny.voice.denoiser_strength == 0.01
+
+
+def test_a_text_the_front_end_cannot_read_is_refused_by_its_position(tiny):
+    with pytest.raises(ValueError, match=r"text 1 .*number too large"):
+        tiny.synthesize(["Fine.", "1" * 40])
+
+
+def test_a_line_that_never_stops_comes_back_with_a_warning(never_stopping_checkpoints):
+    s = Synthesizer.load(*never_stopping_checkpoints, device="cpu", max_decoder_steps=10, check_alignment=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        audio = s.synthesize(["It never ends."], seed=1)
+    assert audio[0].shape[0] > 0
+    assert [str(w.message) for w in caught] == [
+        "text 0 is truncated: reached max_decoder_steps (10) without the stop gate firing"]
+
+
+def test_load_fails_as_the_command_does(tmp_path, tiny_checkpoints):
+    tacotron2, _ = tiny_checkpoints
+    with pytest.raises(FatalError, match="waveglow checkpoint .*missing.pt: no such file"):
+        Synthesizer.load(tacotron2, tmp_path / "missing.pt", device="cpu")
+    with pytest.raises(ConfigError, match="sigma"):
+        Synthesizer.load(*tiny_checkpoints, device="cpu", sigma=-1)
+    with pytest.raises(ConfigError, match="unknown"):
+        Synthesizer.load(*tiny_checkpoints, device="cpu", recipe=str(_recipe(tmp_path, "colour: blue")))
+
+
+def _recipe(folder: Path, text: str) -> Path:
+    path = folder / "recipe.yaml"
+    path.write_text(text + "\n")
+    return path
+
+
+def test_synthesize_to_dir_is_the_command_s_job(tmp_path, tiny, tiny_checkpoints):
+    """The same files and rows as the command, so the command resumes it:
+    a later `tts-batch` over the folder with the same settings redoes
+    nothing."""
+    summary = tiny.synthesize_to_dir(TEXTS, tmp_path / "out", seed=2)
+    assert summary.counts["skipped"] == 1 and summary.made == 4
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    tacotron2, waveglow = tiny_checkpoints
+    again = CliRunner().invoke(main, [str(corpus), "-o", str(tmp_path / "out"), "--tacotron2", str(tacotron2),
+                                      "--waveglow", str(waveglow), "--device", "cpu", "--max-decoder-steps", "12",
+                                      "--seed", "2"])
+    assert again.exit_code == 0, again.output
+    assert "0 to do, 4 reused" in again.output
+
+
+def test_what_the_models_make_is_fixed_when_they_load(tmp_path, tiny):
+    with pytest.raises(ValueError, match="max_decoder_steps, sigma: fixed when the models load"):
+        tiny.synthesize_to_dir(TEXTS, tmp_path / "out", sigma=0.1, max_decoder_steps=5)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_readme_s_python_example_runs(tmp_path):
+    """The README's example, as written, in a fresh interpreter (the demo voice on CPU)."""
+    readme = (ROOT / "README.md").read_text()
+    example = re.search(r"## Python\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    done = subprocess.run([sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = sorted((tmp_path / "out" / "wavs").glob("*.wav"))
+    assert len(written) == 2 and all(sf.info(w).frames > 0 for w in written)
+    assert (tmp_path / "hello.wav").is_file() and sf.info(tmp_path / "hello.wav").samplerate == 22050

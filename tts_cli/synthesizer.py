@@ -1,0 +1,172 @@
+"""The way in for Python: a voice loaded once, text in, audio out.
+
+    from tts_cli import Synthesizer
+
+    s = Synthesizer.load(device="cpu")                   # the CLI's defaults and voice choice
+    audio = s.synthesize(["Hello there.", "A second line."], seed=1)   # float32 arrays
+    summary = s.synthesize_to_dir("corpus.txt", "out/")  # what `tts-batch corpus.txt -o out/` does
+
+``synthesize`` runs the CLI's path in memory: the same normalization, long
+lines cut into pieces, length-sorted batches, alignment checks and retries;
+with the same seed a text's audio is the one `tts-batch` writes for it as the
+same line of a plain corpus. ``synthesize_to_dir`` is the CLI's job itself,
+resume and manifest included; the command is a thin layer over it.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import random
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tts_cli.config import BATCH_SIZES, DEFAULT_RECIPE, MODEL_SETTINGS, SHORTEST_FIRST, Settings, load_settings
+from tts_cli.corpus import Utterance, read_corpus, utterances_from_texts
+from tts_cli.errors import FatalError
+from tts_cli.voice import ResolvedVoice, resolve_voice
+
+if TYPE_CHECKING:   # checkpoints.py imports torch, which the command imports only once it has work
+    from tts_cli.checkpoints import VoiceInfo
+
+
+class Synthesizer:
+    """Tacotron2 + WaveGlow on a device, with the settings they were loaded
+    with. ``load`` makes one; ``settings`` may be given unloaded (the
+    command's way: the models load only once a run has work)."""
+
+    def __init__(self, settings: Settings, voice: ResolvedVoice | None = None):
+        self.settings = settings          # as set: None where the voice decides (the resume keys hold these)
+        self._voice = voice
+        self._engine = None
+        self._info: VoiceInfo | None = None
+        self._voiced: Settings | None = None   # with the voice's sample rate and denoiser strength
+
+    @classmethod
+    def load(cls, tacotron2: str | os.PathLike | None = None, waveglow: str | os.PathLike | None = None,
+             device: str | None = None, precision: str | None = None, recipe: str = DEFAULT_RECIPE,
+             **options) -> "Synthesizer":
+        """The voice's models, loaded now: the two files given, else the
+        CLI's choice (NVIDIA's in ./checkpoints, else the demo voice), on
+        ``device`` (default: CUDA where there is a GPU) in ``precision``;
+        ``options`` are the command's, by their setting names
+        (``sigma=0.5``, ``max_decoder_steps=800``, ``check_alignment=False``).
+        A bad option raises ``config.ConfigError``, a missing or damaged
+        file ``errors.FatalError``, each one line naming what is wrong."""
+        paths = {"tacotron2": tacotron2, "waveglow": waveglow}
+        settings = load_settings(recipe, {**{k: os.fspath(v) if v is not None else None for k, v in paths.items()},
+                                          "device": device, "precision": precision, **options})
+        check_files(settings)
+        synthesizer = cls(settings)
+        synthesizer.engine   # loads
+        return synthesizer
+
+    @property
+    def engine(self):
+        """The models on their device (``engine.Engine``), loaded on first use."""
+        if self._engine is None:
+            from tts_cli.loading import load_engine
+            self._engine, self._voiced, self._info = load_engine(self.settings, self.resolved_voice)
+        return self._engine
+
+    @property
+    def resolved_voice(self) -> ResolvedVoice:
+        """The voice's files, their fingerprint and the device and precision
+        (what the resume keys hold), resolved once."""
+        if self._voice is None:
+            self._voice = resolve_voice(self.settings)
+        return self._voice
+
+    @property
+    def voice(self) -> VoiceInfo:
+        """The voice's name, sample rate and denoiser strength."""
+        self.engine
+        return self._info
+
+    @property
+    def sample_rate(self) -> int:
+        return self.voice.sample_rate
+
+    def synthesize(self, texts: Iterable[str], seed: int | None = None) -> list[np.ndarray]:
+        """One float32 array per text (mono, ``sample_rate``), in the order
+        given. A text with nothing to say gives an empty array; one the text
+        front end cannot read (a number too large to speak) raises
+        ValueError naming it before anything is synthesized. A text whose
+        audio is suspect or truncated comes back with a warning saying why,
+        as the manifest would; one that fails raises ``engine.SynthesisError``."""
+        from tts_cli.pipeline import collect, failure_reason, jobs_of, joined_audio, verdict
+        from tts_cli.planning import batch_plan, prepare_line
+
+        utterances = utterances_from_texts(list(texts))
+        run_seed = seed if seed is not None else random.SystemRandom().randrange(2 ** 31)
+        rows = {}
+        pending = [prepare_line(u, run_seed, rows, self.settings) for u in utterances]
+        for u in utterances:
+            if u.line in rows and rows[u.line].status == "error":
+                raise ValueError(f"text {u.line - 1} ({u.text[:40]!r}): {rows[u.line].reason}")
+        engine, s = self.engine, self._voiced
+        device = engine.device.type
+        batches = batch_plan([p for p in pending if p is not None], s.batch_size or BATCH_SIZES[device],
+                             shortest_first=SHORTEST_FIRST[device])
+        job_batches, work = jobs_of(batches)
+        with contextlib.closing(engine.synthesize_all(job_batches)) as results:
+            for jobs, made in results:
+                collect(jobs, made, work, set())
+        audio = []
+        for n, p in enumerate(pending):
+            if p is None:
+                audio.append(np.zeros(0, np.float32))
+                continue
+            failed = [r for r in p.results if isinstance(r, Exception)]
+            if failed:
+                from tts_cli.engine import SynthesisError
+                raise SynthesisError(f"text {n}: {failure_reason(failed[0])}") from failed[0]
+            status, reason = verdict(p.results, s.max_decoder_steps)
+            if reason is not None:
+                warnings.warn(f"text {n} is {status}: {reason}", stacklevel=2)
+            audio.append(joined_audio([r.audio for r in p.results], s))
+        return audio
+
+    def synthesize_to_dir(self, corpus_or_texts: str | os.PathLike | Iterable[str], out_dir: str | os.PathLike,
+                          on_notice=None, *, signals=None, group=None, **options):
+        """The command's job: every line of a corpus file (or every text
+        given, as the lines of a plain corpus; or ``corpus.Utterance``s
+        already read) into ``out_dir/wavs/<id>.wav`` and
+        ``out_dir/manifest.jsonl``, reusing what an earlier run with the same
+        settings made there. ``options`` are the run's own (``format``,
+        ``seed``, ``batch_size``, ``sample_format``, ``max_symbols_per_piece``,
+        ``piece_pause``, ``retries``, ``strict``, ``force``, ``quiet``); those
+        that change what the models make (``sigma``, ``max_decoder_steps``,
+        the alignment thresholds, ``save_mels``, ...: ``config.MODEL_SETTINGS``)
+        are fixed by ``load``. Returns the run's ``pipeline.RunSummary``;
+        notices go to ``on_notice`` (default: none). ``signals`` and
+        ``group`` are the command's: its signal handlers and its torchrun
+        group (``pipeline.synthesize_corpus``)."""
+        from tts_cli.pipeline import synthesize_corpus
+
+        fixed = sorted(set(options) & MODEL_SETTINGS)
+        if fixed and self._engine is not None:
+            raise ValueError(f"{', '.join(fixed)}: fixed when the models load; pass to Synthesizer.load")
+        settings = dataclasses.replace(self.settings, **options)
+        if isinstance(corpus_or_texts, (str, os.PathLike)):
+            utterances = read_corpus(corpus_or_texts, settings.format)
+        else:
+            given = list(corpus_or_texts)
+            utterances = given if all(isinstance(u, Utterance) for u in given) else utterances_from_texts(given)
+        return synthesize_corpus(settings, utterances, Path(out_dir), on_notice=on_notice or (lambda line: None),
+                                 engine=self._engine, group=group, signals=signals,
+                                 voice=self._voice if self._engine is None else self.resolved_voice,
+                                 voice_info=self._info)
+
+
+def check_files(settings: Settings) -> None:
+    """One line for a checkpoint path that is not a file, before anything loads."""
+    for kind in ("tacotron2", "waveglow"):
+        path = getattr(settings, kind)
+        if path is not None and not Path(path).is_file():
+            problem = "is a directory; give the checkpoint file" if Path(path).is_dir() else "no such file"
+            raise FatalError(f"{kind} checkpoint {path}: {problem}")
