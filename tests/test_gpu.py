@@ -313,6 +313,25 @@ def test_queueing_the_next_batch_early_gives_the_same_files_in_the_same_order_on
             assert a.frames == b.frames and rel(a.audio, b.audio) < 1e-3 and rel(a.mel, b.mel) < 1e-3
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two visible CUDA devices")
+def test_an_engine_on_the_second_gpu_captures_and_runs_there_alone():
+    """--device cuda:1: the graphs, streams and kernels go to GPU 1 (each
+    thread's current device is GPU 0 until set), nothing is allocated on
+    GPU 0, and the audio is GPU 0's for the same lines."""
+    torch.cuda.synchronize(0)
+    on_first = torch.cuda.memory_allocated(0)
+    second = torch.device("cuda:1")
+    settings = SynthesisSettings(decode=DecodeSettings(prenet_dropout=0.5))
+    e = Engine(*random_models(second), second, torch.float16, settings)
+    [(_, made)] = list(e.synthesize_all([jobs()]))
+    assert all(g.memory.device == second for g in e.graphed.graphs.values())
+    assert torch.cuda.memory_allocated(0) == on_first
+    assert torch.cuda.memory_allocated(1) > 0
+    first = engine(torch.float16).synthesize(jobs())
+    for a, b in zip(made, first, strict=True):
+        assert a.frames == b.frames and rel(a.audio, b.audio) < 1e-3
+
+
 def run_cli(*args, cwd: Path, **environment: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            **environment}

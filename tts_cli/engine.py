@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import queue
 import threading
 from collections.abc import Iterable, Iterator
@@ -42,10 +43,11 @@ class _Crash:
 
 
 def _start(stage, sink: queue.Queue, halt: threading.Event, *args) -> threading.Thread:
-    """``stage(*args, sink, halt)`` on a thread of its own."""
+    """``stage(*args, sink, halt)`` on a thread of its own, on the engine's device."""
     def run():
         try:
-            stage(*args, sink, halt)
+            with stage.__self__.on_device():
+                stage(*args, sink, halt)
         except BaseException as e:  # noqa: BLE001 - handed to the consuming thread
             _put(sink, _Crash(e), halt)
     # Daemon as a last resort only: synthesize_all joins its stages on every
@@ -55,6 +57,17 @@ def _start(stage, sink: queue.Queue, halt: threading.Event, *args) -> threading.
     thread = threading.Thread(target=run, daemon=True, name=f"tts-{stage.__name__}")
     thread.start()
     return thread
+
+
+def _on_its_device(method):
+    """Runs an engine method with the engine's GPU as the thread's current
+    device: streams, graph captures and Triton launches go to the current
+    device, which is GPU 0 on every thread until set."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.on_device():
+            return method(self, *args, **kwargs)
+    return run
 
 
 def _put(q: queue.Queue, item, halt: threading.Event) -> bool:
@@ -202,14 +215,22 @@ class Engine:
 
     def __init__(self, tacotron2: Tacotron2, waveglow: WaveGlow, device: torch.device,
                  dtype: torch.dtype, settings: SynthesisSettings, fast: bool = True):
-        self.device, self.dtype, self.settings = device, dtype, settings
+        self.device, self.dtype, self.settings, self.fast = device, dtype, settings, fast
+        with self.on_device():
+            self._build(tacotron2, waveglow)
+
+    def on_device(self):
+        """The engine's GPU as this thread's current device, for a block."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
+    def _build(self, tacotron2: Tacotron2, waveglow: WaveGlow) -> None:
+        device, dtype, settings = self.device, self.dtype, self.settings
         if dtype == torch.float32:
             # fp32 means fp32: cuDNN would otherwise run convolutions in TF32.
             torch.backends.cudnn.allow_tf32 = False
         # float32 inverses of the 1x1 convolutions, computed once from the
         # float32 weights, before the model is cast.
         self.inverse_weights = [w.to(device) for w in waveglow.float().inverse_weights()]
-        self.fast = fast
         # One-line notices for the run: a model the fast path cannot serve runs plain.
         self.notices: list[str] = []
         # built from the float32 weights too (the folds are computed in float32)
@@ -264,6 +285,7 @@ class Engine:
         plain.settings = dataclasses.replace(self.settings, alignment=None)
         return plain
 
+    @_on_its_device
     @torch.inference_mode()
     def decode_only(self, jobs: list[Job]) -> Decoded:
         """Tacotron2 for one batch, unchecked: ``tacotron2.Decoded``."""
@@ -276,6 +298,7 @@ class Engine:
             return self.graphed.decode(ids, lengths, seeds, override)
         return decode(self.tacotron2, ids, lengths, seeds, self.settings.decode, override)
 
+    @_on_its_device
     @torch.inference_mode()
     def decode_checked(self, jobs: list[Job], alone=None):
         """``decode_only`` with the alignment checks: a line that fails them
@@ -343,6 +366,7 @@ class Engine:
             truncated[to] = attempts[k].truncated[at]
         return mel, frames, truncated
 
+    @_on_its_device
     @torch.inference_mode()
     def vocode(self, mel: torch.Tensor, frames: torch.Tensor,
                seeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -364,6 +388,7 @@ class Engine:
             return self.fast_waveglow.infer(mel, frames, seeds, sigma)
         return self.waveglow.infer(mel, frames, seeds, sigma, self.inverse_weights)
 
+    @_on_its_device
     @torch.inference_mode()
     def synthesize(self, jobs: list[Job]) -> list[Result]:
         """One batch, results in the order of ``jobs``."""
@@ -445,7 +470,8 @@ class Engine:
         gpu_alone, capture_later = threading.RLock(), False
         if self.graphed is not None:
             try:
-                self.graphed.prepare({(len(jobs), max(len(j.ids) for j in jobs)) for jobs in batches})
+                with self.on_device():
+                    self.graphed.prepare({(len(jobs), max(len(j.ids) for j in jobs)) for jobs in batches})
             except torch.cuda.OutOfMemoryError:
                 self._release_memory()
                 capture_later = True
