@@ -220,8 +220,11 @@ class Engine:
             self._build(tacotron2, waveglow)
 
     def on_device(self):
-        """The engine's GPU as this thread's current device, for a block."""
-        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        """The engine's GPU as this thread's current device, for a block
+        (``cuda`` without an index is the current device already)."""
+        if self.device.type != "cuda" or self.device.index is None:
+            return contextlib.nullcontext()
+        return torch.cuda.device(self.device)
 
     def _build(self, tacotron2: Tacotron2, waveglow: WaveGlow) -> None:
         device, dtype, settings = self.device, self.dtype, self.settings
