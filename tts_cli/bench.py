@@ -40,7 +40,7 @@ import torch
 
 from tts_cli import distributed
 from tts_cli import text as frontend
-from tts_cli.config import REFERENCE_SAMPLE_RATE, Settings, load_settings
+from tts_cli.config import BATCH_SIZES, REFERENCE_SAMPLE_RATE, Settings, load_settings
 from tts_cli.corpus import read_corpus
 from tts_cli.distributed import Group
 from tts_cli.engine import Engine, Job, precision_name, resolve_device, resolve_precision
@@ -160,7 +160,7 @@ class BenchSettings:
     corpus: Path = SAMPLE_CORPUS
     format: str = "ljspeech"
     lines: int | None = None          # first N lines; None = all
-    batch_size: int = 128
+    batch_size: int = BATCH_SIZES["cuda"]
     baseline_lines: int = 10          # lines through the naive batch-of-one loop
     device: str | None = None
     precision: str | None = None

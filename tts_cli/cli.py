@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from tts_cli.config import (CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
+from tts_cli.config import (BATCH_SIZES, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
                             SAMPLE_FORMATS, ConfigError, load_settings)
 from tts_cli.manifest import plural
 
@@ -280,7 +280,7 @@ def _per_process(summary) -> str:
 @click.option("--format", "format_", type=click.Choice(CORPUS_FORMATS), default="ljspeech",
               show_default=True, help="Corpus format.")
 @click.option("--lines", type=click.IntRange(min=1), help="Use only the first N lines.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=BATCH_SIZES["cuda"], show_default=True)
 @click.option("--baseline-lines", type=click.IntRange(min=1), default=10, show_default=True,
               help="Lines run through the naive batch-of-one loop for the speed-up ratio.")
 @click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available; under "

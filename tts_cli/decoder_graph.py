@@ -171,13 +171,14 @@ class GraphedDecoder:
     # graphs of at most this many rows run the few-row kernels
     few_rows_max_batch = 1
 
-    def __init__(self, model: Tacotron2, cfg: DecodeSettings, steps_per_graph: int = 16,
+    def __init__(self, model: Tacotron2, cfg: DecodeSettings, steps_per_graph: int | None = None,
                  memory_bucket: int = 32, use_kernels: bool | None = None):
         """``use_kernels``: run the fused Triton kernels (None: where they
         can run, on CUDA with Triton; tests pass True to run them under
         Triton's interpreter)."""
         self.model, self.cfg = model, cfg
-        self.k, self.memory_bucket = steps_per_graph, memory_bucket
+        # a graph holds the steps between two looks at the stop flag
+        self.k, self.memory_bucket = steps_per_graph or cfg.stop_check_every, memory_bucket
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.capture_seconds = 0.0       # spent capturing graphs, in all (the bench reports it)
         self.on_cuda = next(model.parameters()).is_cuda

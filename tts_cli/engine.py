@@ -21,7 +21,7 @@ import torch
 from tts_cli import kernels
 from tts_cli.alignment import Checked, Health, Thresholds, best
 from tts_cli.batching import pad_sequences
-from tts_cli.config import REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
+from tts_cli.config import FIELDS, REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
 from tts_cli.devices import expected_precision
 from tts_cli.errors import first_line
 from tts_cli.tacotron2 import DecodeSettings, Decoded, Tacotron2, alignment_measures, decode
@@ -147,12 +147,9 @@ def resolve_precision(device: torch.device, name: str | None) -> tuple[torch.dty
     return PRECISIONS[precision], notice
 
 
-_RUN = Settings()   # the defaults of a run's settings (config.py): defined there alone
-
-
 @dataclass(frozen=True)
 class SynthesisSettings:
-    sigma: float = _RUN.sigma
+    sigma: float = FIELDS["sigma"].default   # the run's default (config.py), written there alone
     denoiser_strength: float = REFERENCE_DENOISER_STRENGTH
     decode: DecodeSettings = DecodeSettings()
     # WaveGlow's activations at once; a batch runs in slices within it (the GPU default's cap)
