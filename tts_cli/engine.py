@@ -21,7 +21,7 @@ import torch
 from tts_cli import kernels
 from tts_cli.alignment import Checked, Health, Thresholds, best
 from tts_cli.batching import pad_sequences
-from tts_cli.config import FIELDS, REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
+from tts_cli.config import FIELDS, REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE
 from tts_cli.devices import expected_precision
 from tts_cli.errors import first_line
 from tts_cli.tacotron2 import DecodeSettings, Decoded, Tacotron2, alignment_measures, decode
