@@ -10,11 +10,10 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +24,7 @@ from tts_cli import output_lock, resume
 from tts_cli.alignment import Checked, Thresholds, line_record, suspicion
 from tts_cli.audio import atomic_write, write_mel, write_wav
 from tts_cli.config import BATCH_SIZES, SHORTEST_FIRST, Settings
+from tts_cli.coordination import PIECES_DIR, Alone, Share, Together, coordinator
 from tts_cli.corpus import Utterance
 from tts_cli.devices import device_type, open_cuda_early
 from tts_cli.errors import FatalError, OutputError, cannot_write, first_line
@@ -38,18 +38,6 @@ if TYPE_CHECKING:   # torch: imported once there is work (loading.py) or under t
     from tts_cli.checkpoints import VoiceInfo
     from tts_cli.distributed import Group
     from tts_cli.engine import Engine, Job, Result
-
-# Under torchrun, the pieces of a cut line that more than one process makes
-# go to the line's writer through files here (removed when the line is
-# written, and by the next run).
-PIECES_DIR = ".pieces"
-
-
-def _distributed():
-    """distributed.py, which imports torch.distributed: only under torchrun."""
-    from tts_cli import distributed
-    return distributed
-
 
 class Interrupted(Exception):
     """SIGINT or SIGTERM: the files in flight were finished and the manifest
@@ -116,20 +104,19 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
     with contextlib.nullcontext(signals) if signals else StopOnSignals() as signals:
         with output_lock.held(out_dir, group):
             return _synthesize(settings, utterances, out_dir, on_notice, engine,
-                               group, signals, voice, voice_info)
+                               coordinator(group), signals, voice, voice_info)
 
 
 def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice,
                 engine: Engine | None,
-                group: Group | None, signals: StopOnSignals, voice: ResolvedVoice | None = None,
+                together: Alone | Together, signals: StopOnSignals, voice: ResolvedVoice | None = None,
                 voice_info: VoiceInfo | None = None) -> RunSummary:
     """``synthesize_corpus`` once the corpus is read and the output directory
     is this run's."""
     manifest_path = out_dir / resume.MANIFEST_NAME
     previous = {} if settings.force else resume.previous_rows(out_dir)
     seed, seed_source = resume.run_seed(settings, previous)
-    if group is not None:
-        seed = _together(group, _distributed().agree_on_seed, seed)
+    seed = together.agree_on_seed(seed)
     if engine is not None and voice is None:   # the bench's: no files behind it
         from tts_cli.loading import engine_voice
         voice, voiced = engine_voice(engine, settings)
@@ -144,16 +131,14 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     reused_rows = [row for row in rows.values() if row.key is not None]
     manifest = ManifestJournal(manifest_path, utterances, rows, seed)
     share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), identity["device"],
-                                  group)
+                                  together)
     notices: list[str] = [*voice.notices, _plan_line(utterances, pending, reused_rows, voice)]
     for notice in notices:
         on_notice(notice)
     stop = signals.stop
     started = time.perf_counter()
-    # An unwritable directory fails before loading models. Under torchrun
-    # only rank 0 removes stale temporary files: on another machine a
-    # live process's pid looks dead.
-    _prepare_output(out_dir, settings, remove_temp_files=group is None or group.rank == 0)
+    # An unwritable directory fails before loading models.
+    _prepare_output(out_dir, settings, remove_temp_files=together.removes_temp_files)
     if share.batches and not stop.is_set():   # a signal during the checks: no need to load
         if engine is None:
             if device_type(voice.device) == "cuda":
@@ -169,13 +154,12 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     started = time.perf_counter()
     writer = _Writer(settings, out_dir, seed)
     try:
-        _take_over_earlier_work(manifest, group)
+        together.take_over(manifest)
         if share.batches and not stop.is_set():
             _run_batches(engine, share, settings, writer, checkpoint, signals)
     finally:
         checkpoint.save(final=True)
-    if group is not None and not stop.is_set():
-        _finish_unless_stopped(manifest, checkpoint, share, writer, group, signals)
+    together.finish(manifest, checkpoint, share, writer, signals)
     ordered = manifest.ordered()
     totals = summarize(ordered)
     summary = RunSummary(rows=ordered, counts=totals["counts"], audio_seconds=totals["audio_seconds"],
@@ -183,7 +167,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                          wall_seconds=time.perf_counter() - started, load_seconds=load_seconds,
                          seed=seed, notices=notices, reused=len(reused_rows), seed_source=seed_source,
                          reused_seconds=sum(row.duration for row in reused_rows),
-                         processes=group.world if group else 1, made=len(pending),
+                         processes=together.processes, made=len(pending),
                          retried=_retried(ordered, reused_rows))
     if signals.received is not None:
         raise Interrupted(signals.received, summary, checkpoint.path, *checkpoint.progress())
@@ -206,125 +190,16 @@ def _plan_line(utterances: list[Utterance], pending: list[PendingLine], reused: 
             f"earlier run{others}; {voice.label} on {voice.device}, {voice.precision}")
 
 
-@dataclass
-class _Share:
-    """What this process makes: its batches of the one plan (each a list of
-    (line, piece number)), in plan order; the lines whose rows it makes; and
-    the lines whose pieces are made by more than one process, which pass
-    their pieces through files in PIECES_DIR."""
-    batches: list[list[tuple[PendingLine, int]]]
-    lines: list[PendingLine]
-    shared: set[PendingLine] = field(default_factory=set)
-
-
 def _batch_size(settings: Settings, identity: dict) -> int:
     """--batch-size, or the default for the device the run uses."""
     return settings.batch_size or BATCH_SIZES[identity["device"]]
 
 
 def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size: int, device: str,
-              group: Group | None) -> tuple[_Share, ManifestJournal]:
-    """This process's share of the plan and where it saves its rows: on its
-    own, every batch, every row into the manifest. Under torchrun, whole
-    batches of the plan one process would run (balanced by lines x longest
-    piece, what a batch costs), so that every line is made in the batch it
-    would share on one process, and its audio is that process's; each line's
-    row is made by the process that makes its first piece, into its own
-    partial manifest."""
-    batches = batch_plan(pending, batch_size, shortest_first=SHORTEST_FIRST[device])
-    if group is None:
-        return _Share(batches, pending), manifest
-    costs = [len(batch) * max(len(p.pieces[i]) for p, i in batch) for batch in batches]
-    owners = _distributed().share(costs, group.world)
-    makers: dict[PendingLine, set[int]] = {}
-    first: dict[PendingLine, int] = {}
-    for batch, owner in zip(batches, owners):
-        for p, i in batch:
-            makers.setdefault(p, set()).add(owner)
-            if i == 0:
-                first[p] = owner
-    mine = [p for p in pending if first[p] == group.rank]
-    share = _Share([b for b, owner in zip(batches, owners) if owner == group.rank], mine,
-                   {p for p, ranks in makers.items() if len(ranks) > 1})
-    partial = ManifestJournal(manifest.path.parent / group.partial_manifest, manifest.utterances,
-                          manifest.rows, manifest.seed, only={p.utterance.line for p in mine})
-    return share, partial
-
-
-def _take_over_earlier_work(manifest: ManifestJournal, group: Group | None) -> None:
-    """Before any WAV is replaced, the manifest is rewritten with only the
-    earlier rows this run keeps (old rows must not vouch for new files), and
-    the partial manifests of an earlier torchrun job, read while planning,
-    are removed. Under torchrun rank 0 does it, once every rank has planned
-    and before any rank writes."""
-    if group is not None:
-        _together(group, _distributed().barrier)
-    if group is None or group.rank == 0:
-        manifest.save(final=True)
-        _remove_partial_manifests(manifest.path.parent)
-        shutil.rmtree(manifest.path.parent / PIECES_DIR, ignore_errors=True)
-    if group is not None:
-        _together(group, _distributed().barrier)
-
-
-def _finish_shared_lines(share: _Share, writer: "_Writer", mine: ManifestJournal, group: Group) -> None:
-    """Once every process has made its batches, each writes the lines it
-    owns whose pieces were made elsewhere too, from the pieces' files."""
-    _together(group, _distributed().barrier, saved=mine.path)
-    failure = None
-    for p in share.lines:
-        if p not in share.shared:
-            continue
-        p.results = [writer.read_piece(p, i) for i in range(len(p.pieces))]
-        try:
-            mine.rows[p.utterance.line] = writer.write(p)
-        except OSError as e:
-            failure = e
-            break
-        finally:
-            p.results.clear()
-        writer.remove_pieces(p)
-    mine.save(final=True)
-    if failure is not None:
-        raise OutputError(cannot_write(writer.out_dir, failure))
-
-
-def _merge(manifest: ManifestJournal, mine: ManifestJournal, group: Group) -> None:
-    """Every rank's rows go to rank 0, which writes the one manifest, in
-    corpus order, and removes the partial manifests it no longer needs."""
-    made = [mine.rows[line] for line in sorted(mine.only) if line in mine.rows]
-    shares = _together(group, _distributed().gather_to_first, group, made, saved=mine.path)
-    if group.rank != 0:
-        return
-    for rows in shares:
-        manifest.rows.update((row.line, row) for row in rows)
-    manifest.save(final=True)
-    _remove_partial_manifests(manifest.path.parent)
-    with contextlib.suppress(OSError):   # gone already, or pieces of lines that failed
-        (manifest.path.parent / PIECES_DIR).rmdir()
-
-
-def _finish_unless_stopped(manifest: ManifestJournal, mine: ManifestJournal, share: _Share, writer: "_Writer",
-                           group: Group, signals: StopOnSignals) -> None:
-    """A process that finished its share waits for the others here; when
-    torchrun stops the job (another process died), the signal ends the wait
-    and is reported as the interruption it is: this process's rows are saved."""
-    try:
-        _finish_shared_lines(share, writer, mine, group)
-        _merge(manifest, mine, group)
-    except FatalError:
-        if signals.received is None:
-            raise
-
-
-def _together(group: Group, call, *args, saved: Path | None = None):
-    """A step all processes take together; one that cannot (another process
-    died) ends this one with a line saying how to finish."""
-    try:
-        return call(*args)
-    except _distributed().GroupError as e:
-        kept = f"; its finished lines are saved in {saved}" if saved else ""
-        raise FatalError(f"{group}: {e}{kept}; run the same command again to finish") from None
+              coordinator: Alone | Together) -> tuple[Share, ManifestJournal]:
+    """This process's share of the plan and where it saves its rows (coordination.py)."""
+    return coordinator.share(batch_plan(pending, batch_size, shortest_first=SHORTEST_FIRST[device]), pending,
+                             manifest)
 
 
 def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: dict,
@@ -342,14 +217,6 @@ def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: 
         else:
             rows[p.utterance.line] = kept
     return rows, left
-
-
-def _remove_partial_manifests(out_dir: Path) -> None:
-    try:
-        for path in resume.partial_manifests(out_dir):
-            path.unlink(missing_ok=True)
-    except OSError as e:
-        raise OutputError(cannot_write(out_dir, e)) from None
 
 
 def _prepare_output(out_dir: Path, settings: Settings, remove_temp_files: bool = True) -> None:
@@ -388,7 +255,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _run_batches(engine: Engine, share: _Share, settings: Settings, writer: "_Writer",
+def _run_batches(engine: Engine, share: Share, settings: Settings, writer: "_Writer",
                  checkpoint: ManifestJournal, signals: StopOnSignals) -> None:
     """The GPU runs batches of pieces on its own threads; a line's WAV is
     written by a small pool once all its pieces are back (a shared line's
