@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 
 from tts_cli import audio
-from tts_cli.audio import SAMPLE_FORMATS, atomic_write, write_mel, write_wav
+from tts_cli.audio import SAMPLE_FORMATS, atomic_write, resample, write_mel, write_wav
 
 
 def files_in(directory) -> list[str]:
@@ -223,3 +223,27 @@ def test_mel_must_be_two_dimensional(tmp_path):
     with pytest.raises(ValueError, match=r"\[n_mel, frames\]"):
         write_mel(tmp_path / "utt.npy", np.zeros((1, 80, 10)))
     assert files_in(tmp_path) == []
+
+
+@pytest.mark.parametrize("to_rate", [16000, 8000, 44100])
+def test_resampling_keeps_what_fits_the_new_rate_and_removes_what_does_not(to_rate):
+    """A tone below the lower rate's Nyquist frequency keeps its level within
+    0.1 dB; one above it (on the way down) is attenuated by at least 60 dB;
+    the length scales with the rate."""
+    from_rate = 22050
+    t = np.arange(2 * from_rate) / from_rate
+    low = 0.5 * np.sin(2 * np.pi * 1000 * t).astype(np.float32)
+    out = resample(low, from_rate, to_rate)
+    assert out.dtype == np.float32 and abs(len(out) - 2 * to_rate) <= 1
+    middle = out[len(out) // 4: 3 * len(out) // 4]          # away from the edges' transients
+    level_db = 20 * np.log10(np.sqrt(np.mean(middle ** 2)) / (0.5 / np.sqrt(2)))
+    assert abs(level_db) < 0.1
+    if to_rate < from_rate:
+        high = 0.5 * np.sin(2 * np.pi * (to_rate / 2 + 1500) * t).astype(np.float32)
+        gone = resample(high, from_rate, to_rate)[to_rate // 2: -to_rate // 2]
+        assert 20 * np.log10(np.sqrt(np.mean(gone ** 2)) / (0.5 / np.sqrt(2))) < -60
+
+
+def test_the_same_rate_is_left_alone():
+    audio = np.linspace(-1, 1, 1000, dtype=np.float32)
+    assert resample(audio, 22050, 22050) is audio

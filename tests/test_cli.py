@@ -285,3 +285,28 @@ def test_the_command_ends_with_its_status_its_summary_said_and_every_file_in_pla
     version = subprocess.run([sys.executable, "-m", "tts_cli", "--version"], capture_output=True, text=True,
                              cwd=ROOT, timeout=60)
     assert version.returncode == 0 and re.search(r"version \d", version.stdout), version
+
+
+def test_another_sample_rate_is_resampled_not_relabelled(tmp_path, tiny_checkpoints):
+    """--sample-rate 16000: each WAV is the voice's 22,050 Hz audio resampled
+    (not the same samples under a 16 kHz header), so its duration is the
+    same, and the manifest's duration and num_samples match the file."""
+    from tts_cli.audio import resample
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    native = run([str(corpus), "-o", str(tmp_path / "native"), "--sample-format", "float32"], tiny_checkpoints)
+    low = run([str(corpus), "-o", str(tmp_path / "low"), "--sample-format", "float32", "--sample-rate", "16000"],
+              tiny_checkpoints)
+    assert native.exit_code == 0 and low.exit_code == 0, native.output + low.output
+    spoken = 0
+    for a, b in zip(manifest(tmp_path / "native"), manifest(tmp_path / "low"), strict=True):
+        if a["audio_filepath"] is None:
+            continue
+        spoken += 1
+        x, rate_x = sf.read(tmp_path / "native" / a["audio_filepath"], dtype="float32")
+        y, rate_y = sf.read(tmp_path / "low" / b["audio_filepath"], dtype="float32")
+        assert (rate_x, rate_y) == (22050, 16000)
+        assert np.array_equal(y, resample(x, 22050, 16000))
+        assert b["num_samples"] == len(y) and b["duration"] == pytest.approx(len(y) / 16000)
+        assert b["duration"] == pytest.approx(a["duration"], abs=1 / 16000)
+    assert spoken == 4

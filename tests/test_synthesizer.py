@@ -123,3 +123,10 @@ def test_the_readme_s_python_example_runs(tmp_path):
     written = sorted((tmp_path / "out" / "wavs").glob("*.wav"))
     assert len(written) == 2 and all(sf.info(w).frames > 0 for w in written)
     assert (tmp_path / "hello.wav").is_file() and sf.info(tmp_path / "hello.wav").samplerate == 22050
+
+
+def test_audio_comes_at_the_rate_asked_for(tiny_checkpoints, tiny):
+    s = Synthesizer.load(*tiny_checkpoints, sample_rate=16000, **SAME)
+    assert s.sample_rate == 16000 and s.voice.sample_rate == tiny.sample_rate == 22050
+    [low], [native] = s.synthesize(["It cost $3.50."], seed=3), tiny.synthesize(["It cost $3.50."], seed=3)
+    assert abs(len(low) / 16000 - len(native) / 22050) <= 1 / 16000

@@ -106,6 +106,9 @@ def _others_working() -> bool:
                    f"{default_help('prenet_dropout')}")
 @click.option("--seed", type=click.IntRange(min=0),
               help=f"Run seed: each line's randomness derives from it and the line's id. {default_help('seed')}")
+@click.option("--sample-rate", type=click.IntRange(min=1), metavar="HZ",
+              help=f"Rate of the WAVs; another than the voice's is resampled (libsoxr, very high quality). "
+                   f"{default_help('sample_rate')}")
 @click.option("--sample-format", type=click.Choice(SAMPLE_FORMATS),
               help=f"WAV sample format. {default_help('sample_format')}")
 @click.option("--save-mels", is_flag=True, default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")

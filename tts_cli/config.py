@@ -79,7 +79,7 @@ DEVICE_NAME = re.compile(r"cpu|cuda(:[0-9]+)?")
 class Settings:
     tacotron2: str | None = None        # Tacotron2 checkpoint; None: look in checkpoints/
     waveglow: str | None = None         # WaveGlow checkpoint; None: look in checkpoints/
-    sample_rate: int | None = None      # written in the WAV header; None: the voice's own (voice.py)
+    sample_rate: int | None = None      # the files' rate, resampled to from the voice's; None: the voice's own
     sigma: float = 0.666                # WaveGlow noise scale, the reference's
     denoiser_strength: float | None = None  # bias-spectrum subtraction; 0 disables it; None: the voice's own (voice.py)
     max_decoder_steps: int = DecodeSettings.max_decoder_steps   # a line that reaches it is kept, truncated

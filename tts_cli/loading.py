@@ -60,13 +60,13 @@ def make_engine(settings: Settings, notices: list[str]) -> Engine:
     return engine
 
 
-def engine_voice(engine: Engine, settings: Settings) -> tuple[ResolvedVoice, Settings]:
-    """The voice of an engine the caller built (no files to hash), and the
-    run's settings with its sample rate and denoiser strength."""
+def engine_voice(engine: Engine, settings: Settings) -> tuple[ResolvedVoice, Settings, VoiceInfo]:
+    """The voice of an engine the caller built (no files to hash), the
+    run's settings with its sample rate and denoiser strength, and those."""
     voice = ResolvedVoice(None, {"engine": "given by the caller"}, str(engine.device), precision_name(engine.dtype),
                           "the caller's engine")
     info = VoiceInfo(sample_rate=REFERENCE_SAMPLE_RATE, denoiser_strength=engine.settings.denoiser_strength)
-    return voice, with_voice(settings, info)
+    return voice, with_voice(settings, info), info
 
 
 def voice_settings(waveglow: Path) -> VoiceInfo:

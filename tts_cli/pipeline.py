@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from tts_cli import output_lock, resume
 from tts_cli.alignment import Checked, Thresholds, line_record, suspicion
-from tts_cli.audio import atomic_write, write_mel, write_wav
+from tts_cli.audio import atomic_write, resample, write_mel, write_wav
 from tts_cli.config import BATCH_SIZES, SHORTEST_FIRST, Settings
 from tts_cli.coordination import PIECES_DIR, Alone, Share, Together, coordinator
 from tts_cli.corpus import Utterance
@@ -119,7 +119,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     seed = together.agree_on_seed(seed)
     if engine is not None and voice is None:   # the bench's: no files behind it
         from tts_cli.loading import engine_voice
-        voice, voiced = engine_voice(engine, settings)
+        voice, voiced, voice_info = engine_voice(engine, settings)
     elif engine is not None:
         from tts_cli.loading import with_voice
         voiced = with_voice(settings, voice_info)
@@ -144,7 +144,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
             if device_type(voice.device) == "cuda":
                 open_cuda_early(voice.device)
             from tts_cli.loading import load_engine
-            engine, voiced, _ = load_engine(settings, voice)
+            engine, voiced, voice_info = load_engine(settings, voice)
         notices.extend(engine.notices)
         for notice in engine.notices:
             on_notice(notice)
@@ -152,7 +152,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     settings = voiced or settings
     load_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    writer = _Writer(settings, out_dir, seed)
+    writer = _Writer(settings, out_dir, seed, voice_info.sample_rate if voice_info else None)
     try:
         together.take_over(manifest)
         if share.batches and not stop.is_set():
@@ -353,8 +353,10 @@ class _Progress:
 class _Writer:
     """Joins one line's pieces, writes its files and makes its manifest row."""
 
-    def __init__(self, settings: Settings, out_dir: Path, run_seed: int):
-        self.settings, self.out_dir, self.run_seed = settings, out_dir, run_seed
+    def __init__(self, settings: Settings, out_dir: Path, run_seed: int, model_rate: int | None):
+        """``model_rate``: the rate the voice's WaveGlow makes (None: no
+        audio will be made); the files are at ``settings.sample_rate``."""
+        self.settings, self.out_dir, self.run_seed, self.model_rate = settings, out_dir, run_seed, model_rate
 
     def write(self, p: PendingLine) -> ManifestRow:
         u, s = p.utterance, self.settings
@@ -427,18 +429,20 @@ class _Writer:
                 self._piece_path(p, i).unlink()
 
     def _joined(self, pieces: list[np.ndarray]) -> np.ndarray:
-        return joined_audio(pieces, self.settings)
+        return joined_audio(pieces, self.settings, self.model_rate)
 
 
-def joined_audio(pieces: list[np.ndarray], settings: Settings) -> np.ndarray:
-    """A line's pieces' audio with ``piece_pause`` seconds of silence between them."""
-    if len(pieces) == 1:
-        return pieces[0]
-    pause = np.zeros(round(settings.piece_pause * settings.sample_rate), np.float32)
-    joined = [pieces[0]]
-    for piece in pieces[1:]:
-        joined += [pause, piece]
-    return np.concatenate(joined)
+def joined_audio(pieces: list[np.ndarray], settings: Settings, model_rate: int) -> np.ndarray:
+    """A line's audio at ``settings.sample_rate``: its pieces (made at
+    ``model_rate``) with ``piece_pause`` seconds of silence between them,
+    resampled where the rates differ."""
+    if len(pieces) > 1:
+        pause = np.zeros(round(settings.piece_pause * model_rate), np.float32)
+        joined = [pieces[0]]
+        for piece in pieces[1:]:
+            joined += [pause, piece]
+        pieces = [np.concatenate(joined)]
+    return resample(pieces[0], model_rate, settings.sample_rate)
 
 
 class _MadeElsewhere(Exception):

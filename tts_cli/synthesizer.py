@@ -89,7 +89,10 @@ class Synthesizer:
 
     @property
     def sample_rate(self) -> int:
-        return self.voice.sample_rate
+        """The rate of the audio it returns and writes: ``sample_rate`` as
+        loaded, else the voice's (``voice.sample_rate``, what its WaveGlow makes)."""
+        self.engine
+        return self._voiced.sample_rate
 
     def synthesize(self, texts: Iterable[str], seed: int | None = None) -> list[np.ndarray]:
         """One float32 array per text (mono, ``sample_rate``), in the order
@@ -128,7 +131,7 @@ class Synthesizer:
             status, reason = verdict(p.results, s.max_decoder_steps)
             if reason is not None:
                 warnings.warn(f"text {n} is {status}: {reason}", stacklevel=2)
-            audio.append(joined_audio([r.audio for r in p.results], s))
+            audio.append(joined_audio([r.audio for r in p.results], s, self._info.sample_rate))
         return audio
 
     def synthesize_to_dir(self, corpus_or_texts: str | os.PathLike | Iterable[str], out_dir: str | os.PathLike,
