@@ -18,6 +18,7 @@ import yaml
 
 from tts_cli.audio import SAMPLE_FORMATS
 from tts_cli.corpus import FORMATS as CORPUS_FORMATS
+from tts_cli.decode_rules import DecodeSettings
 
 DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")
@@ -50,16 +51,6 @@ REFERENCE_DENOISER_STRENGTH = 0.01
 # cores, demo voice, fp32, 32 long lines: 27.8x real time in slices of 1/8
 # GiB, 14.6x in 1/2 GiB, 8.1x in 2 GiB).
 WAVEGLOW_MEMORY_SHARE = {"cuda": (1 / 2, 15.0), "cpu": (1 / 16, 0.25)}
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """How Tacotron2 decodes: the reference's rules, and the defaults of the
-    run settings of the same names."""
-    max_decoder_steps: int = 1000
-    gate_threshold: float = 0.5
-    prenet_dropout: float = 0.5
-    stop_check_every: int = 16   # host sync once per this many steps, not every step
 
 
 class ConfigError(ValueError):

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from tts_cli import randomness
-from tts_cli.config import DecodeSettings   # the decoding rules' settings: defined with the run's
+from tts_cli.decode_rules import DecodeSettings
 
 
 @dataclass(frozen=True)
