@@ -16,9 +16,8 @@ from typing import Any
 
 import yaml
 
-from tts_cli.audio import SAMPLE_FORMATS
-from tts_cli.corpus import FORMATS as CORPUS_FORMATS
 from tts_cli.decode_rules import DecodeSettings
+from tts_cli.formats import CORPUS_FORMATS, SAMPLE_FORMATS
 
 DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")
