@@ -27,7 +27,6 @@ as fast). At batch 1 a step is then eight launches.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -179,7 +178,6 @@ class GraphedDecoder:
         self.model, self.cfg = model, cfg
         self.k, self.memory_bucket = steps_per_graph, memory_bucket
         self.graphs: dict[tuple[int, int], _Graph] = {}
-        self.capture_seconds = 0.0       # spent capturing graphs, in all (the bench reports it)
         self.on_cuda = next(model.parameters()).is_cuda
         # Captures share one side stream; the eager warm-up passes before a
         # capture (cuBLAS handles and workspaces, Triton's specialization
@@ -297,7 +295,6 @@ class GraphedDecoder:
             step_peaks=like.new_zeros(self.k, b))
         if not self.on_cuda:
             return g
-        start = time.perf_counter()
         stream = self._capture_stream
         stream.wait_stream(torch.cuda.current_stream())
         if b not in self._warmed_batches:
@@ -310,7 +307,6 @@ class GraphedDecoder:
         with torch.cuda.graph(g.graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
             self._steps(g)
         torch.cuda.current_stream().wait_stream(stream)
-        self.capture_seconds += time.perf_counter() - start
         return g
 
     def _steps(self, g: _Graph) -> None:
