@@ -1,11 +1,11 @@
 """Tacotron2's decoder loop, replayed from CUDA graphs.
 
-Eagerly, one decoder step is ~80 small kernels, each paying a Python launch
-(about 3.6 ms per step measured on an H200, whatever the batch). Here K steps
-are captured once per (batch, memory length) bucket as one CUDA graph over
-static buffers and replayed; the stop test runs on the device inside the graph
-and the host reads the "all rows done" flag one replay late, through a pinned
-buffer, so it never stalls the queue. The computation is the eager
+Eagerly, one decoder step is ~80 small kernels, each paying a Python launch,
+so a step's time is launches, about the same whatever the batch. Here K
+steps are captured once per (batch, memory length) bucket as one CUDA graph
+over static buffers and replayed; the stop test runs on the device inside
+the graph and the host reads the "all rows done" flag one replay late,
+through a pinned buffer, so it never stalls the queue. The computation is the eager
 ``tacotron2.decode`` step for step (same masks, same per-line dropout keys).
 
 Off CUDA the same static-buffer loop runs without capture, so the CPU tests
@@ -22,8 +22,8 @@ update, its two inputs read in place) and the projection and gate layer run
 as one launch too, and the attention's query product as a launch of its own
 over many programs: those kernels' programs each read all of the weights
 for their row, so larger batches keep cuBLAS's products, which read them once
-for all rows (on an H200 the fused LSTM cells at batch 128 ran the job 0.83x
-as fast). At batch 1 a step is then eight launches.
+for all rows (BENCHMARKS.md, tried and lost). At batch 1 a step is then
+eight launches.
 """
 from __future__ import annotations
 
