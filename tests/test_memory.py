@@ -22,8 +22,8 @@ def budget(settings, device):
 
 @pytest.mark.parametrize("available_gib, expected", [(2, 2 / 16), (3.2, 0.2), (64, 0.25), (2048, 0.25)])
 def test_on_cpu_the_default_budget_is_a_share_of_the_available_ram(monkeypatch, available_gib, expected):
-    # It was 15 GiB whatever the machine: 100 short lines of the demo voice
-    # took 14.6 GB of RAM, and a laptop with 8 GB would meet the OOM killer.
+    # A fixed budget fits no machine: the GPU's 15 GiB would let 100 short
+    # lines of the demo voice take more RAM than a laptop has.
     monkeypatch.setattr(loading, "available_ram", lambda: available_gib * GIB)
     assert budget(load_settings(), "cpu") == pytest.approx(expected)
 
@@ -68,8 +68,8 @@ def test_the_budget_bounds_what_waveglow_runs_at_once(monkeypatch):
 def test_a_100_line_run_of_the_demo_voice_on_cpu_stays_under_2_gb(tmp_path):
     # The shipped demo voice and the first 100 LJSpeech transcripts, each cut
     # at 200 decoder frames to keep the test short: WaveGlow's slices still
-    # fill its budget (100 x 200 frames are 640,000 rows; the old 15 GiB
-    # default let the host take about 3 GB here, and 14.6 GB unbounded).
+    # fill its budget (100 x 200 frames are 640,000 rows; a 15 GiB budget
+    # would let the host take more than 2 GB here).
     corpus = tmp_path / "metadata.csv"
     data = Path(__file__).resolve().parent.parent / "tts_cli" / "data" / "ljspeech_2000.psv"
     corpus.write_text("".join(data.read_text().splitlines(keepends=True)[:100]))

@@ -13,10 +13,9 @@ from tiny_models import tiny_tacotron2, tiny_waveglow
 
 
 def test_a_run_lets_go_of_each_lines_audio_once_it_is_written(tmp_path):
-    # Every line's audio stayed referenced to the end of the run. On CUDA each
-    # batch's audio is a pinned host block, so a 2,000-line run held 33 of
-    # them (about 1.2 GB) and the whole 12,500-line corpus would hold ~7 GB;
-    # none could be reused for a later batch (measured on an H200).
+    # A run that kept every line's audio to its end would grow with the
+    # corpus: on CUDA each batch's audio is a pinned host block, which no
+    # later batch could reuse (BENCHMARKS.md, what each step bought).
     engine = Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"), torch.float32,
                     SynthesisSettings(decode=DecodeSettings(max_decoder_steps=20)))
     corpus = tmp_path / "corpus.txt"

@@ -1,4 +1,9 @@
 """Tacotron2: dimensions from weights, the reference's stop rule, batch independence."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -6,6 +11,17 @@ from tts_cli.batching import pad_sequences
 from tts_cli.tacotron2 import PUBLISHED_DIMS as PUBLISHED, DecodeSettings, Tacotron2, Tacotron2Dims, decode
 from tiny_models import TACOTRON2_DIMS, canonical, tiny_tacotron2
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_program_that_embeds_the_models_does_not_load_the_commands_io():
+    # The models need torch only: importing them must not pull in the
+    # recipes' YAML parser, the WAV writer or the command line's parser.
+    code = ("import sys, tts_cli.tacotron2, tts_cli.waveglow\n"
+            "print(*(m for m in ('yaml', 'soundfile', 'click') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.split() == []
 
 
 def lines(*lengths, seed=0):

@@ -24,7 +24,7 @@ from typing import Iterator
 import numpy as np
 import soundfile as sf
 
-SAMPLE_FORMATS = ("pcm16", "float32")
+from tts_cli.formats import SAMPLE_FORMATS
 
 # Full scale for 16-bit PCM. Scaling by 32767 (not 32768) keeps +1.0 and -1.0
 # symmetric; -32768 is only reached by clamping.

@@ -380,7 +380,7 @@ def _alignment_checks_cost(settings: Settings, corpus: Path, tmp: Path, engine: 
     again (the bench's lengths are forced, so no line is retried: this is
     what measuring costs): their cost is 1 - again / without. The first
     run is left out of it: a process's first corpus run pays one-time costs
-    (1-3 % on an H200)."""
+    (BENCHMARKS.md, Limits)."""
     without = _corpus_run(replace(settings, check_alignment=False), corpus, tmp / "unchecked",
                           engine.unchecked()).speed
     again = _corpus_run(settings, corpus, tmp / "checked", engine).speed

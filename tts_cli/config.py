@@ -16,25 +16,23 @@ from typing import Any
 
 import yaml
 
-from tts_cli.audio import SAMPLE_FORMATS
-from tts_cli.corpus import FORMATS as CORPUS_FORMATS
+from tts_cli.decode_rules import DecodeSettings
+from tts_cli.formats import CORPUS_FORMATS, SAMPLE_FORMATS
 
 DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")
 
 
 # Most lines per batch when the run sets none, by device type. CUDA: 128 ran
-# fastest on an H200 (BENCHMARKS.md). CPU: a batch is what a Ctrl-C waits
-# for (signals.py) and what the progress bar waits for at most. 100 lines of
-# the demo voice on 2 cores: batches of 16 took 47-65 s (32: 50-56 s; 128:
-# 66 s; 8: 60-64 s), ended 6-13 s after a Ctrl-C (32: 12-13 s), and the bar
-# moved every 1.4 s on average once lines came out (8: no sooner).
+# fastest (BENCHMARKS.md). CPU: a batch is what a Ctrl-C waits for
+# (signals.py) and what the progress bar waits for at most; 16 is as fast
+# as larger batches, stops sooner after a Ctrl-C and moves the bar as often
+# as smaller ones (BENCHMARKS.md, what each step bought).
 BATCH_SIZES = {"cuda": 128, "cpu": 16}
 # Whether the batches run shortest first, by device type (the same batches;
-# only their order changes, and no audio). CPU, the 100 lines above: longest
-# first, the first line was done 18.9 s after the command, the bar still for
-# 14 s while the longest lines decoded; shortest first, 11.5-13.3 s, and then
-# at most 2.1 s between moves, in the same total time (56-57 s).
+# only their order changes, and no audio). On a CPU, where a batch takes
+# seconds, the first lines come out sooner and the bar moves steadily, in
+# the same total time (BENCHMARKS.md, what each step bought).
 SHORTEST_FIRST = {"cuda": False, "cpu": True}
 # NVIDIA's published voice's sample rate and the reference's denoiser
 # strength (NVIDIA's inference script): a voice's own when its WaveGlow file
@@ -43,23 +41,11 @@ REFERENCE_SAMPLE_RATE = 22050
 REFERENCE_DENOISER_STRENGTH = 0.01
 # WaveGlow's memory when the run sets none: (share of what the device has
 # free, at most this many GiB). CUDA: half the free device memory, at most
-# the 15 GiB that the H200 measurements ran with (about a million rows in
-# fp16; 6.4 GiB used at most). CPU: a sixteenth of the available RAM, at most
-# 1/4 GiB: the budget was host RAM there, and 15 GiB of it took 14.6 GB for
-# 100 lines of the demo voice; smaller slices also run faster on a CPU (2
-# cores, demo voice, fp32, 32 long lines: 27.8x real time in slices of 1/8
-# GiB, 14.6x in 1/2 GiB, 8.1x in 2 GiB).
+# the 15 GiB that the bench runs with (about a million rows in fp16). CPU: a
+# sixteenth of the available RAM, at most 1/4 GiB: there the budget is host
+# RAM, which 15 GiB would exhaust on a small machine, and smaller slices
+# also run faster on a CPU (BENCHMARKS.md, what each step bought).
 WAVEGLOW_MEMORY_SHARE = {"cuda": (1 / 2, 15.0), "cpu": (1 / 16, 0.25)}
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """How Tacotron2 decodes: the reference's rules, and the defaults of the
-    run settings of the same names."""
-    max_decoder_steps: int = 1000
-    gate_threshold: float = 0.5
-    prenet_dropout: float = 0.5
-    stop_check_every: int = 16   # host sync once per this many steps, not every step
 
 
 class ConfigError(ValueError):

@@ -26,7 +26,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-FORMATS = ("plain", "ljspeech", "tsv")
+from tts_cli.formats import CORPUS_FORMATS as FORMATS
 
 # The corpus path that means standard input.
 STDIN = "-"

@@ -1,11 +1,11 @@
 """Tacotron2's decoder loop, replayed from CUDA graphs.
 
-Eagerly, one decoder step is ~80 small kernels, each paying a Python launch
-(about 3.6 ms per step measured on an H200, whatever the batch). Here K steps
-are captured once per (batch, memory length) bucket as one CUDA graph over
-static buffers and replayed; the stop test runs on the device inside the graph
-and the host reads the "all rows done" flag one replay late, through a pinned
-buffer, so it never stalls the queue. The computation is the eager
+Eagerly, one decoder step is ~80 small kernels, each paying a Python launch,
+so a step's time is launches, about the same whatever the batch. Here K
+steps are captured once per (batch, memory length) bucket as one CUDA graph
+over static buffers and replayed; the stop test runs on the device inside
+the graph and the host reads the "all rows done" flag one replay late,
+through a pinned buffer, so it never stalls the queue. The computation is the eager
 ``tacotron2.decode`` step for step (same masks, same per-line dropout keys).
 
 Off CUDA the same static-buffer loop runs without capture, so the CPU tests
@@ -22,12 +22,11 @@ update, its two inputs read in place) and the projection and gate layer run
 as one launch too, and the attention's query product as a launch of its own
 over many programs: those kernels' programs each read all of the weights
 for their row, so larger batches keep cuBLAS's products, which read them once
-for all rows (on an H200 the fused LSTM cells at batch 128 ran the job 0.83x
-as fast). At batch 1 a step is then eight launches.
+for all rows (BENCHMARKS.md, tried and lost). At batch 1 a step is then
+eight launches.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -180,7 +179,6 @@ class GraphedDecoder:
         # a graph holds the steps between two looks at the stop flag
         self.k, self.memory_bucket = steps_per_graph or cfg.stop_check_every, memory_bucket
         self.graphs: dict[tuple[int, int], _Graph] = {}
-        self.capture_seconds = 0.0       # spent capturing graphs, in all (the bench reports it)
         self.on_cuda = next(model.parameters()).is_cuda
         # Captures share one side stream; the eager warm-up passes before a
         # capture (cuBLAS handles and workspaces, Triton's specialization
@@ -298,7 +296,6 @@ class GraphedDecoder:
             step_peaks=like.new_zeros(self.k, b))
         if not self.on_cuda:
             return g
-        start = time.perf_counter()
         stream = self._capture_stream
         stream.wait_stream(torch.cuda.current_stream())
         if b not in self._warmed_batches:
@@ -311,7 +308,6 @@ class GraphedDecoder:
         with torch.cuda.graph(g.graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
             self._steps(g)
         torch.cuda.current_stream().wait_stream(stream)
-        self.capture_seconds += time.perf_counter() - start
         return g
 
     def _steps(self, g: _Graph) -> None:

@@ -75,8 +75,8 @@ def _gpu_visible(root: Path = Path("/")) -> bool:
 def open_cuda_early(device: str) -> None:
     """Create ``device``'s primary CUDA context, the one torch then uses,
     through the driver's library on a thread, so that it is made while torch
-    imports: on an H200 machine 0.3 s that would otherwise follow the
-    import. Where the library or the device is missing nothing happens;
+    imports instead of after it (BENCHMARKS.md, what each step bought).
+    Where the library or the device is missing nothing happens;
     torch finds that out itself and the run says so (loading.py)."""
     _, _, index = device.partition(":")
     threading.Thread(target=_retain_primary_context, args=(int(index or 0),), daemon=True,

@@ -184,14 +184,14 @@ class Result:
 
 
 # Both streams run at the default CUDA priority: the decoder's stream at the
-# highest measured no faster end to end (BENCHMARKS.md, what each step bought).
+# highest measured no faster end to end (BENCHMARKS.md, tried and lost).
 # The denoiser's spectra for at most this many bytes of a batch at once.
 DENOISER_SLICE_BYTES = 2 ** 30
 # On CUDA the denoiser transforms this many frames at a time: cuFFT makes a
 # plan for each new transform shape, and with shapes following the batch a
-# process's first corpus run made a pair for every batch length, which cost
-# it 7-17 % against its later runs; 16,384 frames ran 1.02x faster than
-# 4,096 on an H200 (fewer, larger transforms).
+# process's first corpus run would make a pair for every batch length. Of
+# the fixed sizes timed, this one was as fast as any (fewer, larger
+# transforms; BENCHMARKS.md, tried and lost).
 DENOISER_FFT_ROWS = 16384
 
 
@@ -200,10 +200,9 @@ class Engine:
 
     The fast paths run by default: WaveGlow as large matrix products
     (waveglow_fast.py; on CUDA through Triton kernels, on CPU in plain
-    torch, where it is also faster than the plain model: 1.35x for the
-    published WaveGlow and 2.4x for the demo voice's on 2 cores in fp32, at
-    the cost of its folded conditioning weights: +2.3 GB of memory and +4.4 s
-    to build for the published one), and on CUDA the decoder replayed from
+    torch, where it is also faster than the plain model, at the cost of
+    memory and build time for its folded conditioning weights; BENCHMARKS.md,
+    what each step bought), and on CUDA the decoder replayed from
     CUDA graphs through its kernels (decoder_graph.py). A WaveGlow the fast
     path cannot serve (``waveglow_fast.supports``) runs as the plain model,
     and ``notices`` says so. ``eager()`` gives the same engine without
@@ -594,7 +593,7 @@ class Engine:
                 break
             # Queued before the previous batch is waited for and handed on,
             # so WaveGlow's stream does not idle while this thread turns a
-            # finished batch into host arrays (1.04x end to end on an H200).
+            # finished batch into host arrays.
             try:
                 launched = self._vocode_launch(part_jobs, *part, *part_host)
             except RuntimeError:

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from tts_cli.corpus import Utterance
 from tts_cli.errors import OutputError, cannot_write
-from tts_cli.manifest import ManifestRow, write_manifest_lines
-from tts_cli.planning import row_without_audio
+from tts_cli.manifest import ManifestRow, row_without_audio, write_manifest_lines
 
 # The manifest is rewritten at most this often during a run (and always at the
 # end): a SIGKILL loses at most this much finished work, and a corpus of many

@@ -17,8 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tts_cli.audio import atomic_write
+from tts_cli.corpus import Utterance
 
 STATUSES = ("ok", "suspect", "truncated", "skipped", "error")
+# The partial manifests of a torchrun job's processes: distributed.py writes
+# them, resume.py reads those that a job stopped before merging left behind.
+PARTIAL_MANIFESTS = "manifest.rank-*-of-*.jsonl"
 
 # With ensure_ascii=False these characters are written raw, and
 # str.splitlines() (used by many jsonl readers) treats them as line breaks,
@@ -83,6 +87,14 @@ class ManifestRow:
         for character, escape in _LINE_BREAKING_CHARACTERS.items():
             text = text.replace(character, escape)
         return text
+
+
+def row_without_audio(u: Utterance, normalized: str, status: str, reason: str | None,
+         seed: int | None) -> ManifestRow:
+    """The row of a line that made no audio (skipped, or failed)."""
+    return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=normalized,
+                       audio_filepath=None, duration=0.0, num_samples=0, mel_frames=0,
+                       status=status, reason=reason, seed=seed, pieces=0)
 
 
 # Keys every manifest row must have; the fields with defaults are optional

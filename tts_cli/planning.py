@@ -11,7 +11,7 @@ from tts_cli import text as frontend
 from tts_cli.batching import length_sorted_batches
 from tts_cli.config import Settings
 from tts_cli.corpus import NOTHING_TO_SAY, Utterance
-from tts_cli.manifest import ManifestRow
+from tts_cli.manifest import ManifestRow, row_without_audio
 from tts_cli.splitting import split_text
 
 
@@ -76,13 +76,6 @@ def _pieces(text: str, ids: list[int], max_symbols: int) -> list[list[int]]:
     cut = split_text(text, max_symbols, lambda piece: len(frontend.normalize(piece)[0]))
     pieces = [frontend.normalize(piece)[0] for piece in cut]
     return [p for p in pieces if frontend.is_speakable(p)]
-
-
-def row_without_audio(u: Utterance, normalized: str, status: str, reason: str | None,
-         seed: int | None) -> ManifestRow:
-    return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=normalized,
-                       audio_filepath=None, duration=0.0, num_samples=0, mel_frames=0,
-                       status=status, reason=reason, seed=seed, pieces=0)
 
 
 def batch_plan(pending: list[PendingLine], batch_size: int,

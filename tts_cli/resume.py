@@ -24,15 +24,12 @@ from tts_cli.config import Settings
 from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
-from tts_cli.manifest import ManifestRow, read_manifest
+from tts_cli.manifest import PARTIAL_MANIFESTS, ManifestRow, read_manifest
 
 if TYPE_CHECKING:
     from tts_cli.voice import ResolvedVoice
 
 MANIFEST_NAME = "manifest.jsonl"
-# The partial manifests of a torchrun job's processes (distributed.py), which
-# a job that stopped before merging them leaves.
-PARTIAL_MANIFESTS = "manifest.rank-*-of-*.jsonl"
 # Statuses whose WAV a re-run may keep.
 REUSABLE = ("ok", "suspect", "truncated")
 

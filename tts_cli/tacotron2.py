@@ -5,10 +5,11 @@ The module tree and parameter names are NVIDIA/tacotron2's, so a checkpoint's
 ``state_dict`` loads as is; every dimension is read from the tensors
 (``Tacotron2Dims.from_state_dict``). No I/O happens here.
 
-Batched == alone needs, beyond the usual padding mask (measured, see DESIGN.md):
-padded positions zeroed before every encoder convolution, a packed encoder LSTM,
-masked attention scores, each row stopping on its own gate, and frames past a
-row's stop zeroed before and between the postnet convolutions.
+Batched == alone (tests/test_tacotron2.py) needs, beyond the usual padding
+mask: padded positions zeroed before every encoder convolution, a packed
+encoder LSTM, masked attention scores, each row stopping on its own gate,
+and frames past a row's stop zeroed before and between the postnet
+convolutions.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from tts_cli import randomness
-from tts_cli.config import DecodeSettings   # the decoding rules' settings: defined with the run's
+from tts_cli.decode_rules import DecodeSettings
 
 
 @dataclass(frozen=True)
@@ -287,7 +288,7 @@ class Tacotron2(nn.Module):
         self.dims = d
         # nn.Embedding's own N(0, 1) draw, except on the meta device, where
         # models are first built (loading.py) and drawing imports torch's
-        # compiler: 2-5 s of every run's start.
+        # compiler, seconds of every run's start (BENCHMARKS.md, a6fb844).
         weight = torch.empty(d.n_symbols, d.embedding_dim)
         if weight.device.type != "meta":
             weight.normal_()

@@ -1,8 +1,9 @@
 """WaveGlow's inverse as large matrix products, time-major.
 
 The same function as ``WaveGlow.infer`` (to rounding), laid out for the GPU's
-matrix units instead of cuDNN's dilated convolutions, which reach a quarter of
-the matmul rate on the shapes inside WaveGlow (DESIGN.md):
+matrix units instead of cuDNN's dilated convolutions, which on the shapes
+inside WaveGlow reach a small share of the matmul rate (BENCHMARKS.md, the
+step that made WaveGlow matrix products):
 
 * activations are (B, T, C), so every 1x1 convolution is one (B*T, C) matrix
   product with the bias fused (``addmm``);

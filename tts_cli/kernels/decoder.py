@@ -229,8 +229,8 @@ if triton is not None:
 
 
 # Launch shape of query_product: 8 outputs per program, so at batch 1 the
-# query layer (128 x 1,024: 256 KiB in fp16) spreads over 16 SMs; 8 warps:
-# 2.0 us on an H200 in fp16, against 3.1 with 4 (2026-11-30, seven shapes timed).
+# query layer (128 x 1,024: 256 KiB in fp16) spreads over 16 SMs; 8 warps,
+# the fastest of the shapes swept (BENCHMARKS.md, tried and lost).
 _QUERY_WARPS, _QUERY_BLOCK_O = 8, 8
 
 
@@ -435,11 +435,8 @@ if triton is not None:
 # Launch shape of lstm_cell: one hidden unit per program (its four gate
 # rows), programs of 4 warps, the inputs in K blocks of 1,024: at batch 1 and
 # H = 1024 a cell runs as 1,024 small programs, several per SM, so many
-# weight loads are in flight at once. On an H200 in fp16 (2026-11-30,
-# 20 launches replayed from a graph) that took the attention LSTM's cell
-# from 10.9 us (8 units per program, K blocks of 256) to 7.0, and the
-# decoder LSTM's from 11.6 to 7.4 (cuBLAS's concatenation, two products and
-# cell: 11.2 and 12.7); fourteen shapes were timed.
+# weight loads are in flight at once, which beats both wider programs and
+# cuBLAS's concatenation, two products and cell (BENCHMARKS.md, tried and lost).
 _LSTM_WARPS, _LSTM_BLOCK_J, _LSTM_BLOCK_K = 4, 1, 1024
 
 
@@ -542,9 +539,8 @@ if triton is not None:
 
 
 # Launch shape of output_step: 2 outputs per program, K blocks of 1,024, so
-# at batch 1 the 81 stacked rows (1,536 wide) spread over 41 programs: 2.2 us
-# on an H200 in fp16, against 3.5 with 8 outputs and K blocks of 256 (2026-11-30,
-# eight shapes timed).
+# at batch 1 the 81 stacked rows (1,536 wide) spread over 41 programs, the
+# fastest of the shapes swept (BENCHMARKS.md, tried and lost).
 _OUTPUT_WARPS, _OUTPUT_BLOCK_O, _OUTPUT_BLOCK_K = 4, 2, 1024
 
 

@@ -199,11 +199,11 @@ if triton is not None:
 # Launch configs: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages). The first of
 # each pair tiles channel counts that are multiples of 128 and is the one the
 # autotuner chose on H200s at C = 256 (the published width) every time it
-# ran, 2026-11-29 to 2026-12-01: of four candidates timed over 262,144 rows,
-# the taps+cond+gate product took 0.539 ms in it against 0.614-0.843. The
-# second tiles any multiple of 64. float32 (the exactness reference, not a
-# speed mode) runs one small tile: its dot products are exact FMA loops,
-# slow to compile in large tiles.
+# ran; fixed, it spares every run the autotuning (BENCHMARKS.md: the other
+# candidates under tried and lost, the start-up saved under what each step
+# bought). The second tiles any multiple of 64. float32 (the exactness
+# reference, not a speed mode) runs one small tile: its dot products are
+# exact FMA loops, slow to compile in large tiles.
 TAPS_COND_GATE_CONFIGS = {128: (128, 128, 32, 8, 4), 64: (128, 64, 64, 8, 3)}
 RESIDUAL_CONFIGS = {128: (128, 128, 64, 8, 3), 64: (128, 64, 64, 4, 4)}
 FLOAT32_CONFIG = (64, 64, 32, 4, 3)
