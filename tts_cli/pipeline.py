@@ -27,7 +27,7 @@ from tts_cli.config import BATCH_SIZES, SHORTEST_FIRST, Settings
 from tts_cli.coordination import PIECES_DIR, Alone, Share, Together, coordinator
 from tts_cli.corpus import Utterance
 from tts_cli.devices import device_type, open_cuda_early
-from tts_cli.errors import FatalError, OutputError, cannot_write, first_line
+from tts_cli.errors import OutputError, cannot_write, first_line
 from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_audio
 from tts_cli.journal import ManifestJournal
 from tts_cli.manifest import ManifestRow, plural, summarize
