@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 
 from tts_cli import audio
-from tts_cli.audio import SAMPLE_FORMATS, atomic_write, resample, write_mel, write_wav
+from tts_cli.audio import SAMPLE_FORMATS, atomic_write, resample, write_audio, write_mel, write_wav
 
 
 def files_in(directory) -> list[str]:
@@ -110,7 +110,7 @@ def test_bad_sample_rate_is_rejected(tmp_path, rate):
 
 def test_unknown_sample_format_lists_the_choices(tmp_path):
     with pytest.raises(ValueError) as error:
-        write_wav(tmp_path / "x.wav", np.zeros(10, dtype=np.float32), 22050, "pcm24")
+        write_wav(tmp_path / "x.wav", np.zeros(10, dtype=np.float32), 22050, "pcm12")
     assert all(choice in str(error.value) for choice in SAMPLE_FORMATS)
 
 
@@ -247,3 +247,29 @@ def test_resampling_keeps_what_fits_the_new_rate_and_removes_what_does_not(to_ra
 def test_the_same_rate_is_left_alone():
     audio = np.linspace(-1, 1, 1000, dtype=np.float32)
     assert resample(audio, 22050, 22050) is audio
+
+
+@pytest.mark.parametrize("audio_format", ["wav", "flac"])
+@pytest.mark.parametrize("sample_format, bits", [("pcm16", 16), ("pcm24", 24)])
+def test_integer_samples_are_the_audio_rounded_to_their_bits_in_either_file(tmp_path, audio_format,
+                                                                            sample_format, bits):
+    """WAV or FLAC, 16 or 24 bits: each stored sample is the audio times full
+    scale (2^(bits-1) - 1), rounded; beyond it, clamped to the format's range
+    and counted, never wrapped."""
+    audio = np.sin(np.linspace(0, 200, 5000)).astype(np.float32) * 0.9
+    audio[10], audio[20] = 1.5, -1.5
+    path = tmp_path / f"x.{audio_format}"
+    clipped = write_audio(path, audio, 16000, sample_format, audio_format)
+    stored, rate = sf.read(path, dtype="int32")          # the samples in the top bits of an int32
+    info = sf.info(path)
+    assert clipped == 2 and rate == 16000 and info.format == audio_format.upper()
+    assert info.subtype == f"PCM_{bits}"
+    full = 2 ** (bits - 1) - 1
+    expected = np.clip(np.rint(audio.astype(np.float64) * full), -full - 1, full).astype(np.int64) << (32 - bits)
+    assert np.array_equal(stored, expected)
+
+
+def test_flac_refuses_float_samples(tmp_path):
+    with pytest.raises(ValueError, match="FLAC stores integer samples"):
+        write_audio(tmp_path / "x.flac", np.zeros(10, np.float32), 22050, "float32", "flac")
+    assert not (tmp_path / "x.flac").exists()

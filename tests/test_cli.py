@@ -310,3 +310,44 @@ def test_another_sample_rate_is_resampled_not_relabelled(tmp_path, tiny_checkpoi
         assert b["num_samples"] == len(y) and b["duration"] == pytest.approx(len(y) / 16000)
         assert b["duration"] == pytest.approx(a["duration"], abs=1 / 16000)
     assert spoken == 4
+
+
+def test_flac_output_is_written_resumed_and_counted_like_wav(tmp_path, tiny_checkpoints):
+    """--audio-format flac: wavs/<id>.flac, 16-bit unless asked, each the
+    same samples the WAV run holds; the manifest points at them; a re-run
+    reuses them, and switching format redoes the lines."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    wav = run([str(corpus), "-o", str(tmp_path / "wav")], tiny_checkpoints)
+    flac = run([str(corpus), "-o", str(tmp_path / "flac"), "--audio-format", "flac"], tiny_checkpoints)
+    assert wav.exit_code == 0 and flac.exit_code == 0, wav.output + flac.output
+    spoken = [(a, b) for a, b in zip(manifest(tmp_path / "wav"), manifest(tmp_path / "flac"), strict=True)
+              if a["audio_filepath"] is not None]
+    assert len(spoken) == 4
+    for a, b in spoken:
+        assert b["audio_filepath"] == f"wavs/{b['id']}.flac"
+        info = sf.info(tmp_path / "flac" / b["audio_filepath"])
+        assert (info.format, info.subtype, info.frames) == ("FLAC", "PCM_16", b["num_samples"])
+        same = sf.read(tmp_path / "flac" / b["audio_filepath"], dtype="int16")[0]
+        assert np.array_equal(same, sf.read(tmp_path / "wav" / a["audio_filepath"], dtype="int16")[0])
+    again = CliRunner().invoke(main, [str(corpus), "-o", str(tmp_path / "flac"), "--audio-format", "flac",
+                                      "--tacotron2", str(tiny_checkpoints[0]), "--waveglow", str(tiny_checkpoints[1]),
+                                      "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1",
+                                      "--no-check-alignment"])
+    assert "0 to do, 4 reused" in again.output
+    switched = CliRunner().invoke(main, [str(corpus), "-o", str(tmp_path / "flac"), "--tacotron2",
+                                         str(tiny_checkpoints[0]), "--waveglow", str(tiny_checkpoints[1]),
+                                         "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1",
+                                         "--no-check-alignment"])
+    assert "4 to do, 0 reused" in switched.output
+    assert all(r["audio_filepath"] is None or r["audio_filepath"].endswith(".wav")
+               for r in manifest(tmp_path / "flac"))
+
+
+def test_flac_with_float_samples_is_refused_before_anything_runs(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Hello.\n")
+    result = CliRunner().invoke(main, [str(corpus), "-o", str(tmp_path / "out"), "--audio-format", "flac",
+                                       "--sample-format", "float32", "--device", "cpu"])
+    assert result.exit_code == 2
+    assert "FLAC stores integer samples" in result.output and not (tmp_path / "out").exists()

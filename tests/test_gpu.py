@@ -26,7 +26,7 @@ from tts_cli.batching import pad_sequences
 from tts_cli.bench import random_models
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.engine import Engine, Job, SynthesisSettings
-from tts_cli.kernels import decoder as decoder_kernels, waveglow as wg_kernels
+from tts_cli.kernels import decoder as decoder_kernels
 from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_PUBLISHED, DecodeSettings, Tacotron2, decode
 from tts_cli.waveglow import PUBLISHED_DIMS as WAVEGLOW_PUBLISHED, WaveGlow, WaveGlowDims
 from tts_cli.waveglow_fast import FastWaveGlow

@@ -442,7 +442,8 @@ NOT_IN_THE_KEY = {
 # Another valid value for each setting the key must cover.
 OTHER_VALUES = {
     "sample_rate": 16000, "sigma": 0.5, "denoiser_strength": 0.02, "max_decoder_steps": 999,
-    "gate_threshold": 0.6, "prenet_dropout": 0.4, "sample_format": "float32", "check_alignment": False,
+    "gate_threshold": 0.6, "prenet_dropout": 0.4, "sample_format": "float32", "audio_format": "flac",
+    "check_alignment": False,
     "retries": 3, "min_coverage": 0.7, "min_focus": 0.45, "max_forward_jump": 9, "max_backward_jump": 7,
     "end_margin": 4, "max_frames_per_symbol": 14.0,
 }

@@ -24,13 +24,10 @@ from typing import Iterator
 import numpy as np
 import soundfile as sf
 
-from tts_cli.formats import SAMPLE_FORMATS
+from tts_cli.formats import AUDIO_FORMATS, FLAC_SAMPLE_FORMATS, SAMPLE_FORMATS
 
-# Full scale for 16-bit PCM. Scaling by 32767 (not 32768) keeps +1.0 and -1.0
-# symmetric; -32768 is only reached by clamping.
-_PCM16_SCALE = 32767.0
-_PCM16_MIN = -32768
-_PCM16_MAX = 32767
+# libsndfile's subtype and the bits of each integer sample format.
+_PCM = {"pcm16": ("PCM_16", 16), "pcm24": ("PCM_24", 24)}
 
 
 class WriteError(OSError):
@@ -41,20 +38,32 @@ class WriteError(OSError):
 
 def write_wav(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
               sample_format: str = "pcm16") -> int:
-    """Write mono ``audio`` (floats, nominally in [-1, 1]) as a WAV file at ``path``.
+    """``write_audio`` as a WAV file."""
+    return write_audio(path, audio, sample_rate, sample_format, "wav")
 
-    Returns the number of samples that were clipped: for ``pcm16`` the samples
-    with magnitude above 1.0, which are clamped to full scale; for ``float32``
-    always 0, because float WAV stores the values unchanged.
+
+def write_audio(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
+                sample_format: str = "pcm16", audio_format: str = "wav") -> int:
+    """Write mono ``audio`` (floats, nominally in [-1, 1]) at ``path`` as a
+    WAV or FLAC file (``audio_format``).
+
+    Returns the number of samples that were clipped: for ``pcm16`` and
+    ``pcm24`` the samples with magnitude above 1.0, which are clamped to full
+    scale; for ``float32`` (WAV only) always 0, because float WAV stores the
+    values unchanged.
     """
     if sample_format not in SAMPLE_FORMATS:
         raise ValueError(f"unknown sample format {sample_format!r}; use one of: {', '.join(SAMPLE_FORMATS)}")
+    if audio_format not in AUDIO_FORMATS:
+        raise ValueError(f"unknown audio format {audio_format!r}; use one of: {', '.join(AUDIO_FORMATS)}")
+    if audio_format == "flac" and sample_format not in FLAC_SAMPLE_FORMATS:
+        raise ValueError(f"FLAC stores integer samples: use sample format {' or '.join(FLAC_SAMPLE_FORMATS)}")
     _check_sample_rate(sample_rate, path)
     samples = _as_mono_float(audio, path)
-    if sample_format == "pcm16":
+    if sample_format in _PCM:
         _check_finite(samples, path)
-        data, clipped = _to_pcm16(samples)
-        subtype = "PCM_16"
+        data, clipped = _to_pcm(samples, sample_format)
+        subtype = _PCM[sample_format][0]
     else:
         # Never renormalize: a quiet or loud utterance must stay as the model made it.
         # Checked after the cast: a huge float64 value becomes inf in float32,
@@ -65,27 +74,31 @@ def write_wav(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
         subtype = "FLOAT"
     encoded = io.BytesIO()
     try:
-        sf.write(encoded, data, sample_rate, subtype=subtype, format="WAV")
+        sf.write(encoded, data, sample_rate, subtype=subtype, format=audio_format.upper())
     except sf.SoundFileError as e:
         raise WriteError(None, f"libsndfile: {e}", os.fspath(path)) from e
     with atomic_write(path) as temp_path:
-        with open(temp_path, "wb") as wav_file:
-            wav_file.write(encoded.getbuffer())
+        with open(temp_path, "wb") as audio_file:
+            audio_file.write(encoded.getbuffer())
     return clipped
 
 
-def _to_pcm16(samples: np.ndarray) -> tuple[np.ndarray, int]:
-    """Convert float samples to int16 with clamping; return (pcm, clipped count).
+def _to_pcm(samples: np.ndarray, sample_format: str) -> tuple[np.ndarray, int]:
+    """Convert float samples to integers with clamping; return (pcm, clipped count).
 
     Done here rather than by libsndfile because libsndfile, unless clipping is
     switched on, wraps out-of-range floats around, turning a sample at 1.5 into
-    a full-scale negative click instead of a clipped peak.
+    a full-scale negative click instead of a clipped peak. 24-bit samples go
+    to libsndfile as int32 with the low byte zero, which it stores exactly.
     """
+    _, bits = _PCM[sample_format]
+    full_scale = 2 ** (bits - 1) - 1   # +1.0 and -1.0 symmetric; the most negative only by clamping
     samples = np.asarray(samples, dtype=np.float64)
     clipped = int(np.count_nonzero(np.abs(samples) > 1.0))
-    scaled = np.rint(samples * _PCM16_SCALE)
-    pcm = np.clip(scaled, _PCM16_MIN, _PCM16_MAX).astype(np.int16)
-    return pcm, clipped
+    pcm = np.clip(np.rint(samples * full_scale), -full_scale - 1, full_scale)
+    if bits == 16:
+        return pcm.astype(np.int16), clipped
+    return pcm.astype(np.int32) << (32 - bits), clipped
 
 
 def resample(audio: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from tts_cli.config import (BATCH_SIZES, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
+from tts_cli.config import (AUDIO_FORMATS, BATCH_SIZES, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
                             SAMPLE_FORMATS, ConfigError, load_settings)
 from tts_cli.manifest import plural
 
@@ -110,7 +110,9 @@ def _others_working() -> bool:
               help=f"Rate of the WAVs; another than the voice's is resampled (libsoxr, very high quality). "
                    f"{default_help('sample_rate')}")
 @click.option("--sample-format", type=click.Choice(SAMPLE_FORMATS),
-              help=f"WAV sample format. {default_help('sample_format')}")
+              help=f"Sample format (float32: WAV only). {default_help('sample_format')}")
+@click.option("--audio-format", type=click.Choice(AUDIO_FORMATS),
+              help=f"Audio file format, wavs/<id>.wav or .flac. {default_help('audio_format')}")
 @click.option("--save-mels", is_flag=True, default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")
 @click.option("--max-symbols-per-piece", type=click.IntRange(min=0),
               help="Cut longer lines at sentence, clause, then word boundaries; 0 never cuts. "

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from tts_cli.decode_rules import DecodeSettings
-from tts_cli.formats import CORPUS_FORMATS, SAMPLE_FORMATS
+from tts_cli.formats import AUDIO_FORMATS, CORPUS_FORMATS, FLAC_SAMPLE_FORMATS, SAMPLE_FORMATS
 
 DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")
@@ -73,7 +73,8 @@ class Settings:
     prenet_dropout: float = DecodeSettings.prenet_dropout      # on at inference, as the reference; 0: deterministic
     seed: int | None = None             # run seed; None draws one (recorded in the manifest)
     batch_size: int | None = None       # most lines per batch; None: BATCH_SIZES by device
-    sample_format: str = "pcm16"        # WAV subtype: pcm16 or float32
+    sample_format: str = "pcm16"        # pcm16, pcm24 or float32 (WAV only)
+    audio_format: str = "wav"           # wav or flac
     save_mels: bool = False             # also write mels/<id>.npy
     format: str = "plain"               # corpus format: plain, ljspeech, tsv
     device: str | None = None           # cuda, cuda:N, cpu; None: cuda where expected (devices.py)
@@ -126,6 +127,9 @@ def _problems(s: Settings) -> list[tuple[str, str]]:
         ("max_frames_per_symbol", s.max_frames_per_symbol > 0, "max_frames_per_symbol must be > 0"),
         ("sample_format", s.sample_format in SAMPLE_FORMATS,
          f"sample_format must be one of {', '.join(SAMPLE_FORMATS)}"),
+        ("audio_format", s.audio_format in AUDIO_FORMATS, f"audio_format must be one of {', '.join(AUDIO_FORMATS)}"),
+        ("sample_format", s.audio_format != "flac" or s.sample_format in FLAC_SAMPLE_FORMATS,
+         f"FLAC stores integer samples: sample_format must be {' or '.join(FLAC_SAMPLE_FORMATS)} with flac"),
         ("format", s.format in CORPUS_FORMATS, f"format must be one of {', '.join(CORPUS_FORMATS)}"),
         ("precision", s.precision is None or s.precision in PRECISION_NAMES,
          f"precision must be one of {', '.join(PRECISION_NAMES)}"),

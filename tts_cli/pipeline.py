@@ -22,10 +22,11 @@ from tqdm import tqdm
 
 from tts_cli import output_lock, resume
 from tts_cli.alignment import Checked, Thresholds, line_record, suspicion
-from tts_cli.audio import atomic_write, resample, write_mel, write_wav
+from tts_cli.audio import atomic_write, resample, write_audio, write_mel
 from tts_cli.config import BATCH_SIZES, SHORTEST_FIRST, Settings
 from tts_cli.coordination import PIECES_DIR, Alone, Share, Together, coordinator
 from tts_cli.corpus import Utterance
+from tts_cli.formats import audio_path
 from tts_cli.devices import device_type, open_cuda_early
 from tts_cli.errors import OutputError, cannot_write, first_line
 from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_audio
@@ -366,14 +367,14 @@ class _Writer:
         audio = self._joined([r.audio for r in p.results])
         if not np.isfinite(audio).all():
             return row_without_audio(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed)
-        wav = f"wavs/{u.id}.wav"
+        wav = audio_path(u.id, s.audio_format)
         mel = f"mels/{u.id}.npy" if s.save_mels else None
         try:
             if mel is None:
                 # No row will point at an earlier run's mel of this line
                 # (nor may one: it can be of other audio), so it goes.
                 (self.out_dir / f"mels/{u.id}.npy").unlink(missing_ok=True)
-            clipped = write_wav(self.out_dir / wav, audio, s.sample_rate, s.sample_format)
+            clipped = write_audio(self.out_dir / wav, audio, s.sample_rate, s.sample_format, s.audio_format)
             if mel is not None:
                 write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))
         except OSError:

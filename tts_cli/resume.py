@@ -24,6 +24,7 @@ from tts_cli.config import Settings
 from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
+from tts_cli.formats import audio_path
 from tts_cli.manifest import PARTIAL_MANIFESTS, ManifestRow, read_manifest
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
             "max_decoder_steps": settings.max_decoder_steps,
             "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
             "sample_rate": settings.sample_rate, "sample_format": settings.sample_format,
+            "audio_format": settings.audio_format,
             "alignment": _alignment_identity(settings)}
 
 
@@ -110,7 +112,7 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
     """
     if old is None or old.get("key") != key or old["status"] not in REUSABLE:
         return None
-    wav, mel = f"wavs/{u.id}.wav", f"mels/{u.id}.npy"
+    wav, mel = audio_path(u.id, settings.audio_format), f"mels/{u.id}.npy"
     if old["audio_filepath"] != wav or not _whole_wav(out_dir / wav, old["num_samples"], old["duration"]):
         return None
     if old.get("mel_filepath") != mel or _mel_frames(out_dir / mel) != old["mel_frames"]:
