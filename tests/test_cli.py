@@ -351,3 +351,44 @@ def test_flac_with_float_samples_is_refused_before_anything_runs(tmp_path):
                                        "--sample-format", "float32", "--device", "cpu"])
     assert result.exit_code == 2
     assert "FLAC stores integer samples" in result.output and not (tmp_path / "out").exists()
+
+
+def quiet_run(tmp_path: Path, corpus: bytes, *extra: str) -> subprocess.CompletedProcess:
+    """The command with --quiet as cron runs it: a fresh process, stdout and stderr captured."""
+    (tmp_path / "corpus.txt").write_bytes(corpus)
+    return subprocess.run([sys.executable, "-m", "tts_cli", "corpus.txt", "-o", "out", "--device", "cpu", "--quiet",
+                           "--max-decoder-steps", "12", "--seed", "1", *extra],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+
+
+def test_a_quiet_run_that_succeeds_prints_nothing(tmp_path, tiny_checkpoints):
+    done = quiet_run(tmp_path, b"Hello there.\n", "--tacotron2", str(tiny_checkpoints[0]),
+                     "--waveglow", str(tiny_checkpoints[1]), "--no-check-alignment")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_a_quiet_run_with_a_failed_line_says_so_in_one_line(tmp_path, tiny_checkpoints):
+    """Cron mails only what a job prints: exit 1 alone would go unheard."""
+    done = quiet_run(tmp_path, b"Hello there.\nbad \xff byte\n", "--tacotron2", str(tiny_checkpoints[0]),
+                     "--waveglow", str(tiny_checkpoints[1]), "--no-check-alignment")
+    assert done.returncode == 1 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert "2 lines:" in line and "1 error" in line and "manifest.jsonl" in line
+
+
+def test_a_quiet_run_still_says_the_demo_voice_stands_in(tmp_path):
+    """NVIDIA's files missing: the audio is the robotic demo voice's, which
+    --quiet must not hide; the CPU's slowness notice it may."""
+    done = quiet_run(tmp_path, b"Hi.\n")
+    assert done.returncode == 0, done.stderr
+    [line] = done.stderr.splitlines()
+    assert "using the demo voice" in line and "running on CPU" not in done.stderr
+
+
+def test_a_quiet_run_still_says_the_corpus_looks_misread(tmp_path, tiny_checkpoints):
+    done = quiet_run(tmp_path, b"utt1|Hello there.\nutt2|And again.\n", "--tacotron2", str(tiny_checkpoints[0]),
+                     "--waveglow", str(tiny_checkpoints[1]), "--no-check-alignment")
+    assert done.returncode == 0
+    [line] = done.stderr.splitlines()
+    assert "warning" in line and "--format ljspeech" in line

@@ -145,7 +145,9 @@ def _others_working() -> bool:
                    "publish bad audio).")
 @click.option("--force", is_flag=True, default=None,
               help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
-@click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar or summary.")
+@click.option("-q", "--quiet", is_flag=True, default=None,
+              help="No progress bar, summary or notices; what changes the output (the demo voice standing in, a "
+                   "corpus that looks misread) and a run that fails still say so in one line.")
 def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **options):
     """Synthesize every line of CORPUS (- reads standard input) into
     OUT/wavs/<id>.wav and OUT/manifest.jsonl."""
@@ -156,12 +158,15 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
     with StopOnSignals() as signals:
         settings, utterances = _checked(corpus, out_dir, recipe, format_, options)
         summary, settings, group = _synth(settings, utterances, out_dir, signals)
-        if not settings.quiet:
-            click.echo(_summary_lines(summary, out_dir), err=True)
         # Rank 0 alone knows the whole job's outcome; under torchrun a failing
         # process would also make torchrun stop the others.
         bad = summary.counts["error"] + (settings.strict and summary.counts["suspect"] + summary.counts["truncated"])
         failed = bad and (group is None or group.rank == 0)
+        if not settings.quiet:
+            click.echo(_summary_lines(summary, out_dir), err=True)
+        elif failed:   # a quiet run that fails says so: cron mails only what is printed
+            click.echo(f"tts-batch: {_counts(summary)}; the manifest gives each line's reason: "
+                       f"{out_dir / 'manifest.jsonl'}", err=True)
         sys.exit(signals.exit_status or (EXIT_LINE_ERRORS if failed else 0))
 
 
@@ -191,7 +196,7 @@ def _checked(corpus: Path, out_dir: Path, recipe: str, format_: str | None, opti
     except CorpusError as e:
         fatal(str(e))
     hint = format_hint(corpus, utterances, settings.format)
-    if hint is not None and not settings.quiet and os.environ.get("RANK", "0") == "0":
+    if hint is not None and os.environ.get("RANK", "0") == "0":   # the ids would be spoken: even under --quiet
         click.echo(f"tts-batch: warning: {hint}", err=True)
     return settings, utterances
 
@@ -217,7 +222,7 @@ def _synth(settings, utterances, out_dir, signals):
         except distributed.GroupError as e:
             fatal(str(e))
         joined, ends = distributed.joined(group, settings.device), (FatalError, distributed.GroupError)
-    echo = (lambda message: None) if settings.quiet else (lambda message: click.echo(message, err=True))
+    echo = _notices(settings.quiet)
     try:
         with joined:
             summary = Synthesizer(settings).synthesize_to_dir(utterances, out_dir, on_notice=echo, signals=signals,
@@ -248,6 +253,17 @@ def _stopped(e, group) -> None:
     who, whose = (f"{group}: ", "its ") if group else ("", "")
     click.echo(f"tts-batch: {who}{e} received; {e.done} of {whose}{e.total} lines are done and "
                f"{e.saved} is saved; {_resume_hint(group)}", err=True)
+
+
+def _notices(quiet: bool):
+    """How the run's notices reach stderr: all of them, or under --quiet
+    only those that change what the output is (``errors.OutputNotice``)."""
+    from tts_cli.errors import OutputNotice
+
+    def echo(message: str) -> None:
+        if not quiet or isinstance(message, OutputNotice):
+            click.echo(message if not quiet else f"tts-batch: warning: {message}", err=True)
+    return echo
 
 
 def _summary_lines(summary, out_dir: Path) -> str:

@@ -23,7 +23,7 @@ from tts_cli.alignment import Checked, Health, Thresholds, best
 from tts_cli.batching import pad_sequences
 from tts_cli.config import FIELDS, REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE
 from tts_cli.devices import expected_precision
-from tts_cli.errors import first_line
+from tts_cli.errors import OutputNotice, first_line
 from tts_cli.tacotron2 import DecodeSettings, Decoded, Tacotron2, alignment_measures, decode
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.waveglow import Denoiser, WaveGlow
@@ -261,9 +261,9 @@ class Engine:
             # Nothing to subtract (the demo voice's WaveGlow: its carriers scale
             # with the mel, so a silent mel gives silence); without the denoiser
             # the audio is the same, made without its transforms.
-            self.notices.append(f"denoiser strength {settings.denoiser_strength:g} has no effect with this "
-                                "WaveGlow: its output for an all-zero mel, the bias the denoiser removes, "
-                                "is silence; running without the denoiser")
+            self.notices.append(OutputNotice(
+                f"denoiser strength {settings.denoiser_strength:g} has no effect with this WaveGlow: its output "
+                "for an all-zero mel, the bias the denoiser removes, is silence; running without the denoiser"))
             self.denoiser = None
         if self.denoiser is not None and device.type == "cuda":
             self.denoiser.fft_rows = DENOISER_FFT_ROWS

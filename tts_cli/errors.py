@@ -15,6 +15,12 @@ class OutputError(FatalError):
     Raised after the manifest rows of everything already written were saved."""
 
 
+class OutputNotice(str):
+    """A notice that changes what the output is (another voice stands in,
+    the corpus looks misread, a setting has no effect): shown even under
+    --quiet, where other notices are not."""
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type when it has none."""
     return str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tts_cli.config import Settings
 from tts_cli.devices import expected_device, expected_precision
-from tts_cli.errors import FatalError
+from tts_cli.errors import FatalError, OutputNotice
 
 PUBLISHED_FILES = {
     "tacotron2": "tacotron2_statedict.pt",
@@ -125,8 +125,8 @@ def _demo_notice(demo: dict[str, Path], published: dict[str, Path | None]) -> st
     missing = " and ".join(PUBLISHED_FILES[kind] for kind, path in published.items() if path is None)
     found = " and ".join(PUBLISHED_FILES[kind] for kind, path in published.items() if path is not None)
     todo = f"put {missing} in checkpoints/" + (f" too (only {found} was found)" if found else "")
-    return (f"using the demo voice ({where}; robotic, for trying the tool): "
-            f"for NVIDIA's voice {todo} (see checkpoints/README.md)")
+    return OutputNotice(f"using the demo voice ({where}; robotic, for trying the tool): "
+                        f"for NVIDIA's voice {todo} (see checkpoints/README.md)")
 
 
 def _shown(path: Path) -> str:
