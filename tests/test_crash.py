@@ -3,6 +3,7 @@ output directory must stay valid and a re-run must end where one
 uninterrupted run ends."""
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,9 +40,9 @@ def arguments(setup, out):
             "--sample-format", "float32", "--quiet"]
 
 
-def start(setup, out):
+def start(setup, out, *extra):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    return subprocess.Popen([sys.executable, "-m", "tts_cli", *arguments(setup, out)], env=env,
+    return subprocess.Popen([sys.executable, "-m", "tts_cli", *arguments(setup, out), *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -196,3 +197,23 @@ def test_a_read_only_file_system_ends_in_one_line_before_any_work(slow_checkpoin
     assert process.returncode == 2, stderr
     assert f"cannot write {disk / 'out'}: Read-only file system" in one_clean_line(stderr)
     assert "remount it writable or choose another -o" in stderr
+
+
+def test_the_advice_after_a_stopped_force_run_keeps_what_it_made(slow_checkpoints, tmp_path):
+    """Ctrl-C during a --force run: the command it gives to finish is the
+    same one without --force, and running it reuses the lines already made."""
+    out = tmp_path / "out"
+    process = start(slow_checkpoints, out, "--force")
+    wait_for_wavs(process, out, 2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    advice = one_clean_line(stderr).split("run the same command again without --force: tts-batch ", 1)[1].strip()
+    assert "--force" not in advice
+    kept = {path.name: path.stat().st_mtime_ns for path in (out / "wavs").glob("*.wav")}
+    assert len(kept) >= 2
+    again = subprocess.run([sys.executable, "-m", "tts_cli", *shlex.split(advice)], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert again.returncode == 0, again.stderr
+    made = [r for r in read_manifest(out / "manifest.jsonl") if r["status"] == "truncated"]
+    assert len(made) == LINES
+    assert all((out / "wavs" / name).stat().st_mtime_ns == made_at for name, made_at in kept.items())

@@ -243,9 +243,13 @@ def _for_rank(settings, group):
 
 
 def _resume_hint(group=None) -> str:
+    """The command that finishes the run and keeps what it made: the same
+    one, less --force (which would make every line again)."""
+    again = [arg for arg in sys.argv[1:] if arg != "--force"]
+    dropped = " without --force" if len(again) < len(sys.argv[1:]) else ""
     if group is not None:
-        return "to finish, run the same command again (with any number of processes)"
-    return f"to finish, run the same command again: tts-batch {shlex.join(sys.argv[1:])}"
+        return f"to finish, run the same command again{dropped} (with any number of processes)"
+    return f"to finish, run the same command again{dropped}: tts-batch {shlex.join(again)}"
 
 
 def _stopped(e, group) -> None:
