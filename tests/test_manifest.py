@@ -197,7 +197,7 @@ def test_blank_lines_are_skipped_but_line_numbers_stay_physical(tmp_path):
 def test_summarize_counts_every_status_and_totals_audio_and_clipping():
     assert summarize(sample_rows()) == {
         "rows": 4,
-        "counts": {"ok": 1, "suspect": 0, "truncated": 1, "skipped": 1, "error": 1},
+        "counts": {"ok": 1, "suspect": 0, "truncated": 1, "skipped": 1, "error": 1, "pending": 0},
         "audio_seconds": 11.5,
         "clipped_samples": 7,
     }
@@ -205,7 +205,7 @@ def test_summarize_counts_every_status_and_totals_audio_and_clipping():
 
 def test_summarize_of_nothing_still_has_all_status_keys():
     assert summarize([]) == {
-        "rows": 0, "counts": {"ok": 0, "suspect": 0, "truncated": 0, "skipped": 0, "error": 0},
+        "rows": 0, "counts": {"ok": 0, "suspect": 0, "truncated": 0, "skipped": 0, "error": 0, "pending": 0},
         "audio_seconds": 0.0, "clipped_samples": 0,
     }
 

@@ -190,7 +190,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         echo("bench: the end-to-end run is done; the same without alignment checks, then again with them")
         checks = _alignment_checks_cost(settings, corpus, Path(tmp), engine)
         echo("bench: measuring the stages")
-        made = len(summary.rows) - summary.counts["skipped"] - summary.counts["error"]
+        made = len(summary.rows) - summary.counts["skipped"] - summary.counts["error"] - summary.counts["pending"]
         window = _first_lines(b.corpus, min(4 * b.batch_size, made or 1), Path(tmp) / "w.txt")
         busy = gpu_busy(lambda: _corpus_run(replace(settings, force=True), window, Path(tmp) / "busy", engine),
                         device)

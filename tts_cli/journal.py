@@ -48,8 +48,8 @@ class ManifestJournal:
         row = self._placeholders.get(u.line)
         if row is None or row.normalized_text != normalized:
             row = self._placeholders[u.line] = row_without_audio(
-                u, normalized, "error", "not synthesized: the run stopped first; run the same "
-                "command again to finish", self.seed)
+                u, normalized, "pending", "not synthesized yet: the run is still making lines, or stopped "
+                "first; the same command again finishes it", self.seed)
         return row
 
     def _json_lines(self, rows: list[ManifestRow]) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 from tts_cli.audio import atomic_write
 from tts_cli.corpus import Utterance
 
-STATUSES = ("ok", "suspect", "truncated", "skipped", "error")
+STATUSES = ("ok", "suspect", "truncated", "skipped", "error", "pending")
 # The partial manifests of a torchrun job's processes: distributed.py writes
 # them, resume.py reads those that a job stopped before merging left behind.
 PARTIAL_MANIFESTS = "manifest.rank-*-of-*.jsonl"
