@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -309,8 +310,14 @@ def _read_bytes_as_corpus(data: bytes, fmt: str) -> list[Utterance]:
 
 @settings(max_examples=400, deadline=None)
 @given(data=_CORPUS_BYTES)
-def test_plain_any_bytes_give_exactly_one_row_per_physical_line(data):
-    rows = _read_bytes_as_corpus(data, "plain")  # never a CorpusError: ids cannot clash
+def test_plain_any_bytes_give_exactly_one_row_per_physical_line_or_are_refused_as_not_text(data):
+    try:
+        rows = _read_bytes_as_corpus(data, "plain")  # ids cannot clash: only what is not text is refused
+    except CorpusError as error:
+        assert "\n" not in str(error)
+        assert re.search(r"not a text file|not valid UTF-8|a gzip file", str(error))
+        assert b"\0" in data or data.startswith(b"\x1f\x8b") or "UTF-8" in str(error)
+        return
     assert len(rows) == physical_line_count(data)
     assert [row.line for row in rows] == list(range(1, len(rows) + 1))
     assert len({row.id for row in rows}) == len(rows)
@@ -330,3 +337,37 @@ def test_separated_any_bytes_give_one_row_per_line_or_a_corpus_error(data, fmt):
     for row in rows:
         assert row.id  # every row has an id, even a placeholder
         assert "\n" not in row.text and "\r" not in row.text
+
+
+def test_a_binary_file_is_refused_as_not_text(tmp_path):
+    """A program or an audio file given as the corpus: its lines would be
+    synthesized as noise, so it is refused in one line naming the file."""
+    path = tmp_path / "ls"
+    path.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00hello\nworld\n")
+    with pytest.raises(CorpusError, match=r"ls: not a text file \(a NUL byte at byte 8\)"):
+        read_corpus(path)
+
+
+def test_a_corpus_mostly_in_another_encoding_is_refused(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("Café crème.\nNaïve façade.\nPlain line.\n".encode("latin-1"))
+    with pytest.raises(CorpusError, match=r"2 of 3 lines are not valid UTF-8.*iconv"):
+        read_corpus(path)
+
+
+def test_one_bad_line_among_good_ones_is_that_line_s_problem_only(tmp_path):
+    path = tmp_path / "mostly.txt"
+    path.write_bytes(b"Good line one.\nGood line two.\nbad \xff byte\n")
+    rows = read_corpus(path)
+    assert [u.problem is None for u in rows] == [True, True, False]
+
+
+def test_a_gzip_corpus_reads_as_its_text(tmp_path):
+    import gzip
+    text = "LJ001|Printing, in the only sense.\nLJ002|Hello there.\n"
+    (tmp_path / "c.psv").write_text(text)
+    (tmp_path / "c.psv.gz").write_bytes(gzip.compress(text.encode()))
+    assert read_corpus(tmp_path / "c.psv.gz", "ljspeech") == read_corpus(tmp_path / "c.psv", "ljspeech")
+    (tmp_path / "broken.gz").write_bytes(gzip.compress(text.encode())[:20])
+    with pytest.raises(CorpusError, match="broken.gz: a gzip file that cannot be read"):
+        read_corpus(tmp_path / "broken.gz")

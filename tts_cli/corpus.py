@@ -21,9 +21,11 @@ Supported formats:
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import sys
+import zlib
 from dataclasses import dataclass
 
 from tts_cli.formats import CORPUS_FORMATS as FORMATS
@@ -89,7 +91,7 @@ def read_corpus(path: str | os.PathLike, fmt: str = "plain") -> list[Utterance]:
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown corpus format {fmt!r}; use one of: {', '.join(FORMATS)}")
-    lines = _split_physical_lines(_read_bytes(path))
+    lines = _split_physical_lines(_text_bytes(_read_bytes(path), path))
     width = max(_MIN_ID_WIDTH, len(str(len(lines))))
     parsed = [_parse_line(raw, number, width, fmt) for number, raw in enumerate(lines, start=1)]
     if fmt != "plain":
@@ -147,6 +149,42 @@ def _split_physical_lines(data: bytes) -> list[bytes]:
 def corpus_name(path: str | os.PathLike) -> str:
     """How messages name the corpus."""
     return "<stdin>" if os.fspath(path) == STDIN else os.fspath(path)
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+# A corpus is refused as not text when more than this share of its
+# non-blank lines is not valid UTF-8 (a binary, an audio file, another encoding).
+_MOST_UNDECODABLE = 0.5
+
+
+def _text_bytes(data: bytes, path: str | os.PathLike) -> bytes:
+    """The corpus's text: a gzip file (by its magic bytes, as cron feeds
+    often are) decompressed; one line refusing what is not text, before any
+    model loads (a binary's lines would be synthesized as noise)."""
+    name = corpus_name(path)
+    if data.startswith(_GZIP_MAGIC):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise CorpusError(f"{name}: a gzip file that cannot be read ({e}); check the file") from None
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise CorpusError(f"{name}: not a text file (a NUL byte at byte {nul + 1}); give a UTF-8 text corpus, "
+                          "one line per utterance")
+    lines = [line for line in _split_physical_lines(data) if line.strip()]
+    bad = sum(1 for line in lines if _undecodable(line))
+    if lines and bad > _MOST_UNDECODABLE * len(lines):
+        raise CorpusError(f"{name}: {bad} of {len(lines)} lines are not valid UTF-8, so it is not a UTF-8 text "
+                          "file; convert it (iconv -t UTF-8) or give the text corpus")
+    return data
+
+
+def _undecodable(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def _read_bytes(path: str | os.PathLike) -> bytes:
