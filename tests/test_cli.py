@@ -392,3 +392,12 @@ def test_a_quiet_run_still_says_the_corpus_looks_misread(tmp_path, tiny_checkpoi
     assert done.returncode == 0
     [line] = done.stderr.splitlines()
     assert "warning" in line and "--format ljspeech" in line
+
+
+def test_when_most_lines_fail_for_one_reason_the_terminal_says_which(tmp_path, tiny_checkpoints):
+    """A tab-separated corpus read as ljspeech: every row fails with "no '|'
+    separator"; one line on the terminal says so, --quiet or not."""
+    done = quiet_run(tmp_path, b"a\tHello.\nb\tThere.\nc\tAgain.\n", "--format", "ljspeech",
+                     "--tacotron2", str(tiny_checkpoints[0]), "--waveglow", str(tiny_checkpoints[1]))
+    assert done.returncode == 1
+    assert "3 of 3 lines failed for one reason: no '|' separator; expected 'id|text'" in done.stderr.splitlines()

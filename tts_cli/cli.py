@@ -7,6 +7,7 @@ directory that cannot be written; 130 after SIGINT, 143 after SIGTERM.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -167,6 +168,9 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
         elif failed:   # a quiet run that fails says so: cron mails only what is printed
             click.echo(f"tts-batch: {_counts(summary)}; the manifest gives each line's reason: "
                        f"{out_dir / 'manifest.jsonl'}", err=True)
+        common = _common_failure(summary)
+        if common is not None and (group is None or group.rank == 0):
+            click.echo(f"tts-batch: {common}", err=True)
         sys.exit(signals.exit_status or (EXIT_LINE_ERRORS if failed else 0))
 
 
@@ -257,6 +261,19 @@ def _stopped(e, group) -> None:
     who, whose = (f"{group}: ", "its ") if group else ("", "")
     click.echo(f"tts-batch: {who}{e} received; {e.done} of {whose}{e.total} lines are done and "
                f"{e.saved} is saved; {_resume_hint(group)}", err=True)
+
+
+def _common_failure(summary) -> str | None:
+    """One line when most lines failed for one reason (a wrong --format, an
+    encoding): the reason, which names the fix, is otherwise only in the
+    manifest's rows."""
+    reasons = collections.Counter(row.reason for row in summary.rows if row.status == "error")
+    if not reasons:
+        return None
+    reason, n = reasons.most_common(1)[0]
+    if n < 2 or 2 * n <= len(summary.rows):
+        return None
+    return f"{n} of {len(summary.rows)} lines failed for one reason: {reason}"
 
 
 def _notices(quiet: bool):
