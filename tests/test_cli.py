@@ -400,4 +400,4 @@ def test_when_most_lines_fail_for_one_reason_the_terminal_says_which(tmp_path, t
     done = quiet_run(tmp_path, b"a\tHello.\nb\tThere.\nc\tAgain.\n", "--format", "ljspeech",
                      "--tacotron2", str(tiny_checkpoints[0]), "--waveglow", str(tiny_checkpoints[1]))
     assert done.returncode == 1
-    assert "3 of 3 lines failed for one reason: no '|' separator; expected 'id|text'" in done.stderr.splitlines()
+    assert "tts-batch: 3 of 3 lines failed for one reason: no '|' separator; expected 'id|text'" in done.stderr.splitlines()
