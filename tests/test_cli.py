@@ -401,3 +401,24 @@ def test_when_most_lines_fail_for_one_reason_the_terminal_says_which(tmp_path, t
                      "--tacotron2", str(tiny_checkpoints[0]), "--waveglow", str(tiny_checkpoints[1]))
     assert done.returncode == 1
     assert "tts-batch: 3 of 3 lines failed for one reason: no '|' separator; expected 'id|text'" in done.stderr.splitlines()
+
+
+def test_files_no_row_names_are_counted_and_pruned_only_when_asked(tmp_path, tiny_checkpoints):
+    """The corpus shrank from 5 spoken lines to 1: the other WAVs and mels
+    are counted in one line (even --quiet); --prune removes them and only
+    them."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    out = tmp_path / "out"
+    assert run([str(corpus), "-o", str(out), "--save-mels"], tiny_checkpoints).exit_code == 0
+    corpus.write_text("Hi.\n")
+    kept = run([str(corpus), "-o", str(out), "--save-mels"], tiny_checkpoints)
+    assert kept.exit_code == 0
+    [line] = [line for line in kept.output.splitlines() if "no manifest row names" in line]
+    assert "6 files" in line and "--prune removes them" in line
+    assert len(list((out / "wavs").glob("*.wav"))) == 4
+    pruned = run([str(corpus), "-o", str(out), "--save-mels", "--prune"], tiny_checkpoints)
+    assert pruned.exit_code == 0
+    [row] = manifest(out)
+    assert sorted(p.name for p in (out / "wavs").iterdir()) == [Path(row["audio_filepath"]).name]
+    assert sorted(p.name for p in (out / "mels").iterdir()) == [Path(row["mel_filepath"]).name]

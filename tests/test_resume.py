@@ -437,6 +437,7 @@ NOT_IN_THE_KEY = {
     "save_mels": "writes a mel beside the WAV; the WAV is the same",
     "strict": "the exit status only",
     "force": "redoes every line whatever the keys",
+    "prune": "removes files no row names; a line's audio is the same",
     "quiet": "what is printed only",
 }
 # Another valid value for each setting the key must cover.

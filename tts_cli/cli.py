@@ -146,6 +146,9 @@ def _others_working() -> bool:
                    "publish bad audio).")
 @click.option("--force", is_flag=True, default=None,
               help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
+@click.option("--prune", is_flag=True, default=None,
+              help="Remove the WAVs and mels in OUT that no manifest row names (left by an earlier corpus); "
+                   "without it the run counts them in one line.")
 @click.option("-q", "--quiet", is_flag=True, default=None,
               help="No progress bar, summary or notices; what changes the output (the demo voice standing in, a "
                    "corpus that looks misread) and a run that fails still say so in one line.")

@@ -28,7 +28,7 @@ from tts_cli.coordination import PIECES_DIR, Alone, Share, Together, coordinator
 from tts_cli.corpus import Utterance
 from tts_cli.formats import audio_path
 from tts_cli.devices import device_type, open_cuda_early
-from tts_cli.errors import OutputError, cannot_write, first_line
+from tts_cli.errors import OutputError, OutputNotice, cannot_write, first_line
 from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_audio
 from tts_cli.journal import ManifestJournal
 from tts_cli.manifest import ManifestRow, plural, summarize
@@ -162,6 +162,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         checkpoint.save(final=True)
     together.finish(manifest, checkpoint, share, writer, signals)
     ordered = manifest.ordered()
+    if together.removes_temp_files and signals.received is None:   # one process looks: rank 0, or alone
+        _report_orphans(out_dir, ordered, settings.prune, on_notice)
     totals = summarize(ordered)
     summary = RunSummary(rows=ordered, counts=totals["counts"], audio_seconds=totals["audio_seconds"],
                          clipped_samples=totals["clipped_samples"],
@@ -173,6 +175,31 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     if signals.received is not None:
         raise Interrupted(signals.received, summary, checkpoint.path, *checkpoint.progress())
     return summary
+
+
+def orphans(out_dir: Path, rows: list[ManifestRow]) -> list[Path]:
+    """Audio and mel files in the output's wavs/ and mels/ (the names and
+    kinds this tool writes) that no row names: left by an earlier corpus,
+    or by a line in another audio format."""
+    named = {out_dir / name for row in rows for name in (row.audio_filepath, row.mel_filepath) if name}
+    found = [path for folder, kinds in (("wavs", ("*.wav", "*.flac")), ("mels", ("*.npy",)))
+             for kind in kinds for path in (out_dir / folder).glob(kind)]
+    return sorted(path for path in found if path not in named and not path.name.startswith("."))
+
+
+def _report_orphans(out_dir: Path, rows: list[ManifestRow], prune: bool, on_notice) -> None:
+    left = orphans(out_dir, rows)
+    if not left:
+        return
+    if prune:
+        for path in left:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        on_notice(f"removed {plural(len(left), 'file')} in {out_dir}/wavs and mels that no manifest row "
+                  "named (--prune)")
+    else:
+        on_notice(OutputNotice(f"{plural(len(left), 'file')} in {out_dir}/wavs and mels that no manifest row "
+                               f"names (left by an earlier corpus, e.g. {left[0].name}); --prune removes them"))
 
 
 def _retried(rows: list[ManifestRow], reused: list[ManifestRow]) -> int:
