@@ -422,3 +422,15 @@ def test_files_no_row_names_are_counted_and_pruned_only_when_asked(tmp_path, tin
     [row] = manifest(out)
     assert sorted(p.name for p in (out / "wavs").iterdir()) == [Path(row["audio_filepath"]).name]
     assert sorted(p.name for p in (out / "mels").iterdir()) == [Path(row["mel_filepath"]).name]
+
+
+def test_an_output_folder_that_cannot_hold_files_is_not_blamed_on_the_disk(tmp_path):
+    """-o under /proc (or through a file): the advice is to choose another -o,
+    not to free disk space."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Hi.\n")
+    (tmp_path / "a-file").write_text("")
+    for out in ("/proc/tts-batch-out", str(tmp_path / "a-file" / "out")):
+        result = CliRunner().invoke(main, [str(corpus), "-o", out, "--device", "cpu", "-q"])
+        assert result.exit_code == 2
+        assert "choose another -o" in result.output and "free disk space" not in result.output, result.output

@@ -53,3 +53,29 @@ def test_without_cuda_s_driver_the_early_context_gives_up_quietly():
     context early neither raises nor claims a context."""
     assert devices._retain_primary_context(0) is False
     devices.open_cuda_early("cuda:1")   # returns at once: the work is on its thread
+
+
+@pytest.mark.parametrize("listed, seen", [(None, 2), ("1", 1), ("0,1", 2), ("1,-1,0", 1), ("", 0), ("-1", 0)])
+def test_the_gpus_a_process_may_use_are_counted_as_cuda_counts_them(tmp_path, monkeypatch, listed, seen):
+    gpus = tmp_path / "proc/driver/nvidia/gpus"
+    for bus in ("0000:01:00.0", "0000:02:00.0"):
+        (gpus / bus).mkdir(parents=True)
+    if listed is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    assert devices._visible_nvidia_gpus(tmp_path) == seen
+    assert devices._visible_nvidia_gpus(tmp_path / "elsewhere") is None
+
+
+def test_a_gpu_the_process_cannot_see_ends_the_run_before_its_first_line(tmp_path, monkeypatch):
+    """--device cuda:7 on a machine showing one GPU: one line, exit 2, no
+    plan line claiming the run will go "on cuda:7"."""
+    from click.testing import CliRunner
+    from tts_cli.cli import main
+    monkeypatch.setattr(devices, "_visible_nvidia_gpus", lambda: 1)
+    (tmp_path / "corpus.txt").write_text("Hi.\n")
+    result = CliRunner().invoke(main, [str(tmp_path / "corpus.txt"), "-o", str(tmp_path / "out"),
+                                       "--device", "cuda:7"])
+    assert result.exit_code == 2
+    assert result.output == "tts-batch: error: --device cuda:7: this machine shows 1 CUDA device to this process: cuda:0\n"

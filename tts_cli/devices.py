@@ -21,6 +21,8 @@ import re
 import threading
 from pathlib import Path
 
+from tts_cli.errors import FatalError
+
 # A line of torch/version.py naming the CUDA or ROCm version it was built for.
 _GPU_BUILD = re.compile(r"^(cuda|hip)\b[^=\n]*=\s*['\"]", re.M)
 # Where a GPU shows itself: NVIDIA's driver, ROCm's kernel driver, WSL's GPU.
@@ -30,10 +32,36 @@ CPU_NOTICE = "running on CPU in fp32 (slow; a CUDA GPU is much faster)"
 
 def expected_device(requested: str | None) -> str:
     """``requested``, or where none was: ``cuda`` when this machine looks able
-    to run torch on a GPU, else ``cpu``."""
+    to run torch on a GPU, else ``cpu``. A ``cuda:N`` past the GPUs this
+    process can see (NVIDIA's driver counts them) ends the run here, before
+    its first line."""
     if requested is not None:
+        _, _, index = requested.partition(":")
+        seen = _visible_nvidia_gpus()
+        if device_type(requested) == "cuda" and index and seen is not None and int(index) >= seen:
+            usable = {0: "; use --device cpu", 1: ": cuda:0"}.get(seen, f": cuda:0 to cuda:{seen - 1}")
+            raise FatalError(f"--device {requested}: this machine shows {seen} CUDA device"
+                             f"{'s' if seen != 1 else ''} to this process{usable}")
         return requested
     return "cuda" if _gpu_build() and _gpu_visible() else "cpu"
+
+
+def _visible_nvidia_gpus(root: Path = Path("/")) -> int | None:
+    """How many NVIDIA GPUs this process may use: CUDA_VISIBLE_DEVICES's
+    list where set, else the driver's; None where the driver does not say."""
+    gpus = root / "proc/driver/nvidia/gpus"
+    if not gpus.is_dir():
+        return None
+    count = sum(1 for _ in gpus.iterdir())
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return count
+    visible = 0
+    for name in listed.split(","):   # CUDA stops at the first entry that names no device
+        if not name.strip() or name.strip().startswith("-"):
+            break
+        visible += 1
+    return min(visible, count)
 
 
 def device_type(device: str) -> str:

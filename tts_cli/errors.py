@@ -34,6 +34,9 @@ _WRITE_ADVICE = {
     errno.EPERM: "fix the permissions",
     errno.EROFS: "the file system is read-only: remount it writable or choose another -o",
     errno.EIO: "the disk reported an I/O error: check it, or choose another -o",
+    # a folder that cannot hold files (/proc, /sys) or a path through a file
+    errno.ENOENT: "that place cannot hold the output: choose another -o",
+    errno.ENOTDIR: "a part of the path is a file: choose another -o",
 }
 
 
