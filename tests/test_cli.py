@@ -434,3 +434,17 @@ def test_an_output_folder_that_cannot_hold_files_is_not_blamed_on_the_disk(tmp_p
         result = CliRunner().invoke(main, [str(corpus), "-o", out, "--device", "cpu", "-q"])
         assert result.exit_code == 2
         assert "choose another -o" in result.output and "free disk space" not in result.output, result.output
+
+
+def test_a_line_in_another_script_is_suspect_not_ok(tmp_path, tiny_checkpoints):
+    """日本語 is spoken as its transliteration ("ri ben yu"), not what it
+    says: for a dataset that is a wrong label, so the row says why."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("日本語のテキスト\nA plain English line.\nCafé crème, naïve.\n", encoding="utf-8")
+    result = run([str(corpus), "-o", str(tmp_path / "out")], tiny_checkpoints)
+    assert result.exit_code == 0, result.output
+    rows = manifest(tmp_path / "out")
+    assert rows[0]["status"] == "suspect"
+    assert rows[0]["reason"].startswith("letters of another script the voice cannot say ('日本語のテキスト')")
+    assert rows[0]["normalized_text"] in rows[0]["reason"][-60:] or "ri ben yu" in rows[0]["reason"]
+    assert [r["status"] for r in rows[1:]] == ["ok", "ok"]      # Latin letters with accents are Latin

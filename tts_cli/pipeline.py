@@ -411,7 +411,7 @@ class _Writer:
                 with contextlib.suppress(OSError):
                     (self.out_dir / name).unlink(missing_ok=True)
             raise
-        status, reason = verdict(p.results, s.max_decoder_steps)
+        status, reason = verdict(p.results, s.max_decoder_steps, p.caution)
         return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=p.normalized,
                            audio_filepath=wav, duration=audio.shape[0] / s.sample_rate,
                            num_samples=int(audio.shape[0]),
@@ -485,18 +485,18 @@ def failure_reason(e: Exception) -> str:
     return f"synthesis failed: {first_line(e)}"
 
 
-def verdict(results: list[Result], max_steps: int) -> tuple[str, str | None]:
+def verdict(results: list[Result], max_steps: int, caution: str | None = None) -> tuple[str, str | None]:
     """A made line's status and reason: ``truncated`` when a piece reached
     max_decoder_steps, ``suspect`` when a piece's kept attempt fails the
-    alignment checks, else ``ok``."""
+    alignment checks or the text holds what the voice cannot say
+    (``caution``), else ``ok``."""
     def where(pieces: list[int]) -> str:
         return f" (piece {', '.join(map(str, pieces))} of {len(results)})" if len(results) > 1 else ""
     cut = [n for n, r in enumerate(results, start=1) if r.truncated]
     if cut:
         return "truncated", f"reached max_decoder_steps ({max_steps}) without the stop gate firing{where(cut)}"
-    if any(r.checked is None for r in results):
-        return "ok", None
-    reason = suspicion([r.checked for r in results])
+    reason = None if any(r.checked is None for r in results) else suspicion([r.checked for r in results])
+    reason = "; ".join(filter(None, (caution, reason)))
     return ("suspect", reason) if reason else ("ok", None)
 
 

@@ -31,6 +31,9 @@ class PendingLine:
     retry_seeds: list[list[int]] = field(default_factory=list)   # each piece's seeds for its retries
     key: str = ""
     results: list = field(default_factory=list)   # per piece: Result, Exception or None
+    # why the audio cannot be what the text says, whatever the model does
+    # (letters of another script): the line is suspect with this reason
+    caution: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -57,8 +60,12 @@ def prepare_line(u: Utterance, run_seed: int, rows: dict[int, ManifestRow],
     # Ids never contain "/", so a piece's or a retry's name cannot be another line's id.
     names = [u.id] if len(pieces) == 1 else [f"{u.id}/{i}" for i in range(len(pieces))]
     retries = settings.retries if settings.check_alignment else 0
+    foreign = frontend.foreign_letters(u.text)
+    caution = (f"letters of another script the voice cannot say ({foreign[:12]!r}), read as their Latin "
+               f"transliteration: {normalized[:40]!r}" if foreign else None)
     return PendingLine(u, normalized, pieces, [line_seed(run_seed, name) for name in names],
-                       [retry_seeds(run_seed, name, retries) for name in names], results=[None] * len(pieces))
+                       [retry_seeds(run_seed, name, retries) for name in names], results=[None] * len(pieces),
+                       caution=caution)
 
 
 def retry_seeds(run_seed: int, name: str, retries: int) -> list[int]:

@@ -128,7 +128,7 @@ class Synthesizer:
             if failed:
                 from tts_cli.engine import SynthesisError
                 raise SynthesisError(f"text {n}: {failure_reason(failed[0])}") from failed[0]
-            status, reason = verdict(p.results, s.max_decoder_steps)
+            status, reason = verdict(p.results, s.max_decoder_steps, p.caution)
             if reason is not None:
                 warnings.warn(f"text {n} is {status}: {reason}", stacklevel=2)
             audio.append(joined_audio([r.audio for r in p.results], s, self._info.sample_rate))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from typing import Callable, Sequence
 
 from unidecode import unidecode
@@ -384,6 +385,17 @@ def sequence_to_text(ids: Sequence[int]) -> str:
     Ids outside the table are skipped. The pad id renders as "_".
     """
     return "".join([_RENDERED[i] for i in ids if i in _RENDERED]).replace("}{", " ")
+
+
+def foreign_letters(text: str) -> str:
+    """The letters of ``text`` that are not of the Latin script, once each,
+    in order: the front end reads them through their ASCII transliteration
+    (日本語 as "ri ben yu"), which is not what the text says."""
+    seen: dict[str, None] = {}
+    for char in text:
+        if unicodedata.category(char).startswith("L") and not unicodedata.name(char, "").startswith("LATIN"):
+            seen[char] = None
+    return "".join(seen)
 
 
 def normalize(text: str) -> tuple[list[int], str]:
