@@ -249,6 +249,28 @@ def _for_rank(settings, group):
                                quiet=settings.quiet or group.rank != 0)
 
 
+@main.command("export")
+@click.argument("out_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), metavar="OUT")
+@click.option("--to", "formats", default="hf,lhotse,kaldi", show_default=True,
+              help="Comma-separated: hf (audiofolder metadata.jsonl), lhotse (recordings.jsonl.gz, "
+                   "supervisions.jsonl.gz), kaldi (kaldi/wav.scp, text, utt2spk, spk2utt).")
+@click.option("--include-suspect", is_flag=True, help="Also the lines marked suspect (default: ok lines only).")
+def export_command(out_dir: Path, formats: str, include_suspect: bool):
+    """Write the manifests training tools read from OUT/manifest.jsonl:
+    the ok lines (and with --include-suspect the suspect ones), each with
+    the normalized text its audio speaks."""
+    from tts_cli.export import export
+
+    if not (out_dir / "manifest.jsonl").is_file():
+        fatal(f"{out_dir}: no manifest.jsonl; give the -o folder of a tts-batch run")
+    try:
+        written = export(out_dir, [name.strip() for name in formats.split(",") if name.strip()], include_suspect)
+    except (ValueError, OSError) as e:
+        fatal(str(e))
+    for name, paths in written.items():
+        click.echo(f"{name}: {', '.join(str(path) for path in paths)}", err=True)
+
+
 def _resume_hint(group=None) -> str:
     """The command that finishes the run and keeps what it made: the same
     one, less --force (which would make every line again)."""

@@ -1,0 +1,91 @@
+"""tts-batch export: the manifests training tools read, from a run's manifest."""
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+from click.testing import CliRunner
+
+from outputs import manifest
+from tts_cli.cli import main
+
+CORPUS = "Printing, in the only sense.\n\nIt cost $3.50 in 1963.\nHi.\n日本語\n"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, tiny_checkpoints):
+    """A run with ok, skipped and suspect lines (the last is in another script)."""
+    folder = tmp_path_factory.mktemp("export")
+    (folder / "corpus.txt").write_text(CORPUS, encoding="utf-8")
+    out = folder / "out"
+    result = CliRunner().invoke(main, [str(folder / "corpus.txt"), "-o", str(out), "--tacotron2",
+                                       str(tiny_checkpoints[0]), "--waveglow", str(tiny_checkpoints[1]),
+                                       "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1", "-q", "--no-check-alignment",
+                                       "--audio-format", "flac", "--sample-rate", "16000"])
+    assert result.exit_code == 0, result.output
+    rows = manifest(out)
+    assert {r["status"] for r in rows} >= {"ok", "suspect", "skipped"}
+    return out, rows
+
+
+def exported(out: Path, *args: str):
+    result = CliRunner().invoke(main, ["export", str(out), *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_each_format_holds_the_ok_lines_with_the_text_their_audio_speaks(made):
+    out, rows = made
+    exported(out)
+    ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["id"])
+    hf = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
+    assert [(h["id"], h["transcription"]) for h in hf] == [(r["id"], r["normalized_text"]) for r in ok]
+    for h in hf:    # audiofolder: file names relative to the metadata file
+        assert sf.info(out / h["file_name"]).duration == pytest.approx(h["duration"], abs=1e-6)
+    recordings = [json.loads(line) for line in gzip.decompress((out / "recordings.jsonl.gz").read_bytes()).splitlines()]
+    supervisions = [json.loads(line) for line in
+                    gzip.decompress((out / "supervisions.jsonl.gz").read_bytes()).splitlines()]
+    assert [s["text"] for s in supervisions] == [r["normalized_text"] for r in ok]
+    for rec in recordings:
+        info = sf.info(rec["sources"][0]["source"])
+        assert (info.samplerate, info.frames) == (rec["sampling_rate"], rec["num_samples"]) == (16000, info.frames)
+    kaldi = {name: (out / "kaldi" / name).read_text().splitlines() for name in ("wav.scp", "text", "utt2spk")}
+    assert [line.split(" ", 1)[0] for line in kaldi["text"]] == sorted(r["id"] for r in ok)   # sorted, as Kaldi needs
+    assert all(line.endswith(".flac |") and " flac -c -d -s /" in line for line in kaldi["wav.scp"])
+
+
+def test_suspect_lines_go_in_only_when_asked(made):
+    out, rows = made
+    exported(out, "--to", "hf", "--include-suspect")
+    ids = [json.loads(line)["id"] for line in (out / "metadata.jsonl").read_text().splitlines()]
+    assert ids == sorted(r["id"] for r in rows if r["status"] in ("ok", "suspect"))
+
+
+def test_lhotse_loads_them_with_the_files_durations(made):
+    lhotse = pytest.importorskip("lhotse")
+    out, rows = made
+    exported(out, "--to", "lhotse")
+    cuts = lhotse.CutSet.from_manifests(recordings=lhotse.load_manifest(out / "recordings.jsonl.gz"),
+                                        supervisions=lhotse.load_manifest(out / "supervisions.jsonl.gz"))
+    by_id = {r["id"]: r for r in rows}
+    for cut in cuts:
+        audio = cut.load_audio()
+        assert audio.shape[1] == by_id[cut.recording_id]["num_samples"]
+        assert cut.supervisions[0].text == by_id[cut.recording_id]["normalized_text"]
+
+
+def test_datasets_loads_the_audiofolder(made):
+    datasets = pytest.importorskip("datasets")
+    out, rows = made
+    exported(out, "--to", "hf")
+    loaded = datasets.load_dataset("audiofolder", data_dir=str(out), split="train")
+    assert sorted(loaded["transcription"]) == sorted(r["normalized_text"] for r in rows if r["status"] == "ok")
+
+
+def test_mistakes_are_one_line(tmp_path, made):
+    out, _ = made
+    result = CliRunner().invoke(main, ["export", str(out), "--to", "hf,espnet"])
+    assert result.exit_code == 2 and "unknown export espnet; use any of: hf, lhotse, kaldi" in result.output
+    result = CliRunner().invoke(main, ["export", str(tmp_path)])
+    assert result.exit_code == 2 and "no manifest.jsonl" in result.output

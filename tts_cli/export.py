@@ -1,0 +1,80 @@
+"""The manifests training tools read, made from a run's own manifest.jsonl
+(which stays the source of truth): Hugging Face audiofolder, Lhotse, Kaldi.
+
+Only lines whose audio says their text go in: ``ok``, and ``suspect`` where
+asked. The transcript is the normalized text, what the voice was asked to
+say. audiofolder's file names are relative to its metadata.jsonl, as it
+requires; Lhotse and Kaldi resolve paths against the working directory, so
+theirs are absolute.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from tts_cli.audio import atomic_write
+from tts_cli.manifest import read_manifest
+
+EXPORTS = ("hf", "lhotse", "kaldi")
+# Kaldi and Lhotse want a speaker per utterance: all lines share the voice.
+SPEAKER = "tts"
+
+
+def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> dict[str, list[Path]]:
+    """Write each of ``formats`` (EXPORTS) into ``out_dir``; the files each wrote."""
+    unknown = sorted(set(formats) - set(EXPORTS))
+    if unknown:
+        raise ValueError(f"unknown export {', '.join(unknown)}; use any of: {', '.join(EXPORTS)}")
+    wanted = ("ok", "suspect") if include_suspect else ("ok",)
+    out_dir = out_dir.resolve()
+    rows = sorted((row for row in read_manifest(out_dir / "manifest.jsonl") if row["status"] in wanted),
+                  key=lambda row: row["id"])
+    writers: dict[str, Callable[[Path, list[dict]], list[Path]]] = {
+        "hf": _huggingface, "lhotse": _lhotse, "kaldi": _kaldi}
+    return {name: writers[name](out_dir, rows) for name in formats}
+
+
+def _huggingface(out_dir: Path, rows: list[dict]) -> list[Path]:
+    """audiofolder's metadata.jsonl beside wavs/: file_name relative to it."""
+    lines = [json.dumps({"file_name": row["audio_filepath"], "transcription": row["normalized_text"],
+                         "id": row["id"], "duration": row["duration"]}, ensure_ascii=False) for row in rows]
+    return [_write(out_dir / "metadata.jsonl", "".join(line + "\n" for line in lines).encode())]
+
+
+def _lhotse(out_dir: Path, rows: list[dict]) -> list[Path]:
+    """Lhotse's recordings and supervisions, one whole-file segment a line."""
+    recordings, supervisions = [], []
+    for row in rows:
+        rate = round(row["num_samples"] / row["duration"])
+        recordings.append({"id": row["id"], "sources": [{"type": "file", "channels": [0],
+                                                         "source": str(out_dir / row["audio_filepath"])}],
+                           "sampling_rate": rate, "num_samples": row["num_samples"],
+                           "duration": row["duration"], "channel_ids": [0]})
+        supervisions.append({"id": row["id"], "recording_id": row["id"], "start": 0.0,
+                             "duration": row["duration"], "channel": 0, "text": row["normalized_text"],
+                             "language": "English", "speaker": SPEAKER})
+    return [_write(out_dir / name, gzip.compress("".join(json.dumps(item, ensure_ascii=False) + "\n"
+                                                        for item in items).encode(), mtime=0))
+            for name, items in (("recordings.jsonl.gz", recordings), ("supervisions.jsonl.gz", supervisions))]
+
+
+def _kaldi(out_dir: Path, rows: list[dict]) -> list[Path]:
+    """Kaldi's data directory (wav.scp, text, utt2spk, spk2utt) in kaldi/,
+    sorted by utterance id as Kaldi requires; FLAC is decoded through a pipe."""
+    folder = out_dir / "kaldi"
+    audio = [str(out_dir / row["audio_filepath"]) for row in rows]
+    scp = [f"{row['id']} {path}" if path.endswith(".wav") else f"{row['id']} flac -c -d -s {path} |"
+           for row, path in zip(rows, audio)]
+    files = {"wav.scp": scp,
+             "text": [f"{row['id']} {row['normalized_text']}" for row in rows],
+             "utt2spk": [f"{row['id']} {SPEAKER}" for row in rows],
+             "spk2utt": [f"{SPEAKER} {' '.join(row['id'] for row in rows)}"] if rows else []}
+    return [_write(folder / name, "".join(line + "\n" for line in lines).encode()) for name, lines in files.items()]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    with atomic_write(path) as temp_path:
+        temp_path.write_bytes(data)
+    return path
