@@ -251,6 +251,49 @@ def test_real_id_equal_to_a_placeholder_is_reported_on_the_real_line(tmp_path):
         read_corpus(path, "ljspeech")
 
 
+
+@pytest.mark.parametrize("unreadable", [b"   ", b"|text without id", b"b\xffd|readable text", b"no separator"])
+def test_a_line_whose_id_cannot_be_read_lends_its_placeholder_to_no_later_line(tmp_path, unreadable):
+    path = write_corpus(tmp_path, unreadable + b"\nline-000001|text\n")
+    with pytest.raises(CorpusError) as error:
+        read_corpus(path, "ljspeech")
+    assert str(error.value) == (f"{path}:2: id 'line-000001' is the placeholder id of line 1, "
+                                "which has no readable id; rename it")
+
+
+@pytest.mark.parametrize("text", [b"   ", b"caf\xe9"])
+def test_an_unsafe_id_is_refused_even_on_a_line_with_nothing_to_say(tmp_path, text):
+    path = write_corpus(tmp_path, b"../escape|" + text + b"\n")
+    with pytest.raises(CorpusError, match=r":1: id '../escape' is not a safe file name"):
+        read_corpus(path, "ljspeech")
+
+
+def test_a_too_long_id_is_shown_cut_to_40_characters(tmp_path):
+    long_id = "".join(chr(ord("a") + i % 26) for i in range(129))
+    path = write_corpus(tmp_path, long_id.encode() + b"|text\n")
+    with pytest.raises(CorpusError) as error:
+        read_corpus(path, "ljspeech")
+    assert str(error.value) == f"{path}:1: id {long_id[:40]!r}... is 129 characters long; use at most 128"
+
+
+def test_lines_without_text_keep_what_was_there(tmp_path):
+    rows = read_corpus(write_corpus(tmp_path, b"a1|  \n \t \nno separator, caf\xe9\n"), "ljspeech")
+    assert [(row.text, row.problem) for row in rows[:2]] == [("  ", "empty text"), ("", "empty line")]
+    assert rows[2].text == "" and "byte 0xe9 at column 18" in rows[2].problem
+
+
+def test_standard_input_is_named_stdin_in_messages(tmp_path, monkeypatch):
+    import io
+    import sys
+    from types import SimpleNamespace
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=io.BytesIO(b"a|one\na|two\n")))
+    with pytest.raises(CorpusError, match=r"^<stdin>:2: duplicate id 'a'"):
+        read_corpus("-", "ljspeech")
+    lines = [line.replace(b"{}", b"|") for line in IDS_AND_TEXT]
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=io.BytesIO(b"\n".join(lines))))
+    assert format_hint("-", read_corpus("-"), "plain").startswith("<stdin>: 5 of its 6 lines")
+
+
 # --- file-level errors -----------------------------------------------------------------------
 
 def test_missing_file_is_a_one_line_corpus_error(tmp_path):
