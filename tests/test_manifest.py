@@ -71,6 +71,11 @@ def test_to_json_accepts_numpy_scalars_from_the_synthesizer():
     assert (record["num_samples"], record["mel_frames"], record["clipped_samples"]) == (33075, 129, 3)
 
 
+def test_to_json_refuses_a_value_json_cannot_hold_naming_its_type():
+    with pytest.raises(TypeError, match="^object is not JSON serializable$"):
+        make_row(alignment={"coverage": object()}).to_json()
+
+
 def test_to_json_refuses_nan_duration_which_is_not_json():
     with pytest.raises(ValueError):
         make_row(duration=float("nan")).to_json()
@@ -165,10 +170,12 @@ GOOD_LINE = make_row().to_json()
 
 @pytest.mark.parametrize("bad_line, expected", [
     (b'{"id": "x", "line": 2', "not valid JSON"),  # truncated by a crash mid-write
-    (b"[1, 2]", "expected a JSON object"),
-    (b'{"id": "x"}', "missing keys"),
-    (GOOD_LINE.replace('"status": "ok"', '"status": "done"').encode(), "unknown status 'done'"),
-    (GOOD_LINE.replace('"duration": 1.5', '"duration": NaN').encode(), "not valid JSON"),
+    (b"[1, 2]", "expected a JSON object, got list"),
+    (b'{"id": "x"}', "missing keys line, text, normalized_text, audio_filepath, duration, num_samples, "
+                     "mel_frames, status, reason; this is not a tts-batch manifest row"),
+    (GOOD_LINE.replace('"status": "ok"', '"status": "done"').encode(),
+     "unknown status 'done'; expected one of: ok, suspect, truncated, skipped, error"),
+    (GOOD_LINE.replace('"duration": 1.5', '"duration": NaN').encode(), "not valid JSON (NaN is not valid JSON)"),
     (b"\xff\xfe", "not valid UTF-8"),
 ])
 def test_bad_row_raises_value_error_naming_path_and_line(tmp_path, bad_line, expected):
@@ -220,6 +227,15 @@ def test_summarize_gives_the_same_answer_from_a_manifest_read_back(tmp_path):
 def test_summarize_rejects_a_row_with_an_unknown_status():
     with pytest.raises(ValueError, match="unknown status 'done'"):
         summarize([{"id": "x", "status": "done", "duration": 1.0}])
+    with pytest.raises(ValueError) as error:
+        summarize([make_row(), {"id": "LJ001-0002", "status": "failed"}])
+    assert str(error.value) == ("unknown status 'failed' for id 'LJ001-0002'; "
+                                "expected one of: ok, suspect, truncated, skipped, error")
+
+
+def test_summarize_totals_audio_to_the_microsecond():
+    rows = [make_row(duration=1 / 3), make_row(duration=1 / 3)]
+    assert summarize(rows)["audio_seconds"] == 0.666667
 
 
 # --- the run's manifest checkpoint ------------------------------------------------------------
@@ -270,3 +286,15 @@ def test_a_slow_manifest_rewrite_is_done_less_often(tmp_path, monkeypatch):
     checkpoint.save_seconds = 1.0
     checkpoint.save(final=True)                                  # the final write always happens
     assert len(writes) == 3
+
+
+def test_a_stopped_run_counts_the_lines_made_or_skipped_among_those_it_keeps(tmp_path):
+    # what "stopped after N of M lines" says after Ctrl-C (a torchrun process: of its own lines)
+    from tts_cli.journal import ManifestJournal
+    checkpoint, utterances = _checkpoint(tmp_path, 5)
+    made = dataclasses.replace(checkpoint.ordered()[0], status="ok", reason=None, audio_filepath="wavs/u1.wav")
+    skipped = dataclasses.replace(checkpoint.ordered()[2], status="skipped", reason="empty line")
+    failed = dataclasses.replace(checkpoint.ordered()[3], reason="CUDA out of memory")
+    rows = {1: made, 3: skipped, 4: failed}
+    assert ManifestJournal(checkpoint.path, utterances, rows, seed=3).progress() == (2, 5)
+    assert ManifestJournal(checkpoint.path, utterances, rows, seed=3, only={1, 2, 4}).progress() == (1, 3)
