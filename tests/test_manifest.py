@@ -233,6 +233,11 @@ def test_summarize_rejects_a_row_with_an_unknown_status():
                                 "expected one of: ok, suspect, truncated, skipped, error")
 
 
+def test_reports_count_one_thing_in_the_singular_and_thousands_with_commas():
+    from tts_cli.manifest import plural
+    assert [plural(n, "line") for n in (0, 1, 2, 1000)] == ["0 lines", "1 line", "2 lines", "1,000 lines"]
+
+
 def test_summarize_totals_audio_to_the_microsecond():
     rows = [make_row(duration=1 / 3), make_row(duration=1 / 3)]
     assert summarize(rows)["audio_seconds"] == 0.666667
@@ -298,3 +303,42 @@ def test_a_stopped_run_counts_the_lines_made_or_skipped_among_those_it_keeps(tmp
     rows = {1: made, 3: skipped, 4: failed}
     assert ManifestJournal(checkpoint.path, utterances, rows, seed=3).progress() == (2, 5)
     assert ManifestJournal(checkpoint.path, utterances, rows, seed=3, only={1, 2, 4}).progress() == (1, 3)
+
+
+def test_a_torchrun_process_saves_only_the_finished_rows_of_its_own_lines(tmp_path):
+    from tts_cli.journal import ManifestJournal
+    checkpoint, utterances = _checkpoint(tmp_path, 4)
+    done = {n: dataclasses.replace(checkpoint.ordered()[n - 1], status="ok", reason=None,
+                                   audio_filepath=f"wavs/u{n}.wav") for n in (1, 2, 4)}
+    partial = ManifestJournal(tmp_path / "manifest.rank-0-of-2.jsonl", utterances, done, seed=3, only={1, 3, 4})
+    partial.save(final=True)
+    assert [row["id"] for row in read_manifest(partial.path)] == ["u1", "u4"]
+
+
+def test_the_manifest_is_rewritten_once_the_checkpoint_interval_has_passed(tmp_path, monkeypatch):
+    from tts_cli import journal
+    checkpoint, _ = _checkpoint(tmp_path, 2)
+    clock = iter([100.0, 100.0, 100.0 + journal.CHECKPOINT_SECONDS, 100.0 + journal.CHECKPOINT_SECONDS])
+    monkeypatch.setattr(journal.time, "monotonic", lambda: next(clock))
+    checkpoint.save(final=True)                     # written at 100.0, taking no time
+    writes = []
+    monkeypatch.setattr(journal, "write_manifest_lines", lambda path, lines: writes.append(path))
+    checkpoint.save()                               # CHECKPOINT_SECONDS later, exactly
+    assert writes == [checkpoint.path]
+
+
+def test_a_line_not_made_yet_is_an_error_row_saying_to_run_again_with_its_text_so_far(tmp_path):
+    checkpoint, _ = _checkpoint(tmp_path, 3)
+    checkpoint.pending_normalized[2] = "line two"
+    rows = checkpoint.ordered()
+    assert [row.normalized_text for row in rows] == ["", "line two", ""]
+    assert {(row.status, row.reason, row.seed, row.audio_filepath) for row in rows} == {
+        ("error", "not synthesized: the run stopped first; run the same command again to finish", 3, None)}
+
+
+def test_the_first_checkpoint_is_written_at_once_whatever_the_clock_reads(tmp_path, monkeypatch):
+    from tts_cli import journal
+    checkpoint, _ = _checkpoint(tmp_path, 2)
+    monkeypatch.setattr(journal.time, "monotonic", lambda: 0.5)
+    checkpoint.save()
+    assert len(read_manifest(checkpoint.path)) == 2
