@@ -76,6 +76,7 @@ def test_a_line_the_corpus_could_not_give_is_skipped_when_empty_else_an_error(pr
     assert pending is None
     assert (row.id, row.line, row.text, row.normalized_text) == ("a", 4, "", "")
     assert (row.status, row.reason, row.seed, row.audio_filepath, row.pieces) == (status, problem, None, None, 0)
+    assert (row.duration, row.num_samples, row.mel_frames) == (0.0, 0, 0)
 
 
 def test_a_line_the_front_end_cannot_read_is_an_error_saying_why():
@@ -113,3 +114,10 @@ def test_a_cut_line_has_a_seed_per_piece_named_after_it():
 def normalize_ids(text):
     from tts_cli.text import normalize
     return normalize(text)[0]
+
+
+@pytest.mark.parametrize("limit", [180, len(" Hi. ")])   # well within it, and at it exactly
+def test_a_line_within_the_limit_is_read_whole_with_the_spaces_at_its_ends(limit):
+    # as the reference reads it: only a line that is cut loses them
+    pending, _ = plan(" Hi.  ", max_symbols_per_piece=limit)
+    assert pending.pieces == [normalize_ids(" Hi.  ")] and len(pending.pieces[0]) == len(" Hi. ")

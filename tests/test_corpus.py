@@ -183,6 +183,7 @@ def test_a_plain_corpus_mostly_of_ids_and_text_gets_one_line_naming_its_format(t
     assert found is not None and "\n" not in found
     assert str(tmp_path / "corpus.txt") in found and "5 of its 6 lines" in found and f"--format {fmt}" in found
     assert hint(tmp_path, lines[:2] + [b"A line without an id.", b"Another one."]) is None   # 2 of 4
+    assert "4 of its 5 lines" in hint(tmp_path, lines[:5] + [b"A line without an id."])    # 80 % exactly
 
 
 @pytest.mark.parametrize("lines", [
@@ -194,6 +195,12 @@ def test_a_plain_corpus_mostly_of_ids_and_text_gets_one_line_naming_its_format(t
 ])
 def test_prose_with_an_occasional_separator_gets_no_hint(tmp_path, lines):
     assert hint(tmp_path, lines) is None
+
+
+def test_a_hint_takes_ids_of_up_to_64_characters(tmp_path):
+    lines = [b"a" * 63 + bytes([c]) + b"|Some text." for c in b"xyz"]
+    assert "3 of its 3 lines" in hint(tmp_path, lines)
+    assert hint(tmp_path, [b"b" + line for line in lines]) is None
 
 
 def test_the_separated_formats_themselves_get_no_hint(tmp_path):
