@@ -207,6 +207,18 @@ def test_atomic_write_cleans_up_on_keyboard_interrupt(tmp_path):
     assert files_in(tmp_path) == []
 
 
+def test_a_file_is_flushed_to_disk_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
+    # so a power cut leaves the old file or the whole new one, never a renamed empty one
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.fstat(fd).st_ino)) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda src, dst: events.append(("rename", os.stat(src).st_ino)) or replace(src, dst))
+    target = tmp_path / "a.wav"
+    write_wav(target, np.zeros(10), 1000)
+    written = target.stat().st_ino
+    assert events == [("fsync", written), ("rename", written), ("fsync", tmp_path.stat().st_ino)]
+
+
 # --- mel -------------------------------------------------------------------------------------
 
 def test_mel_round_trip_is_float32_with_shape_n_mel_by_frames(tmp_path):
