@@ -114,6 +114,22 @@ def test_manifest_file_is_utf8_jsonl_with_one_row_per_line(tmp_path):
     assert data.decode("utf-8").split("\n")[:-1] == [row.to_json() for row in rows]
 
 
+def test_manifest_file_is_utf8_under_any_locale(tmp_path):
+    # a job started from a shell with LANG=C must not fail on, or garble, its first non-ASCII line
+    import subprocess
+    import sys
+    rows = sample_rows()
+    write_manifest(tmp_path / "here.jsonl", rows)
+    code = ("import sys; from tts_cli.manifest import write_manifest_lines; "
+            "write_manifest_lines(sys.argv[1], sys.stdin.read().splitlines())")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONIOENCODING": "utf-8"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c-locale.jsonl")], env=env,
+                          input="\n".join(row.to_json() for row in rows), capture_output=True, text=True,
+                          encoding="utf-8", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "c-locale.jsonl").read_bytes() == (tmp_path / "here.jsonl").read_bytes()
+
+
 def test_generator_of_rows_is_accepted(tmp_path):
     path = tmp_path / "manifest.jsonl"
     write_manifest(path, (row for row in sample_rows()))
