@@ -102,6 +102,15 @@ def test_a_line_to_say_gets_its_ids_and_seeds_and_retry_seeds_only_when_checked(
     assert plan("Hi.", check_alignment=False)[0].retry_seeds == [[]]
 
 
+def test_every_seed_of_a_line_follows_the_run_seed():
+    from tts_cli.corpus import Utterance
+    from tts_cli.config import Settings
+    from tts_cli.planning import prepare_line
+    line = lambda seed: prepare_line(Utterance(4, "a", "Hi."), seed, {}, Settings(retries=2))
+    one, other = line(7), line(8)
+    assert not set(one.seeds + one.retry_seeds[0]) & set(other.seeds + other.retry_seeds[0])
+
+
 def test_a_cut_line_has_a_seed_per_piece_named_after_it():
     from tts_cli.planning import line_seed, retry_seeds
     pending, _ = plan("One two three. Four five six.", max_symbols_per_piece=16, retries=1)

@@ -325,12 +325,30 @@ def test_unreadable_file_is_a_one_line_corpus_error(tmp_path):
         read_corpus(path)
 
 
+@pytest.mark.parametrize("error, message", [
+    (PermissionError(13, "Permission denied"), "permission denied; make the file readable"),
+    (OSError(5, "Input/output error"), "cannot read (Input/output error); check the file"),
+])
+def test_a_corpus_that_cannot_be_read_is_one_line_naming_it(tmp_path, monkeypatch, error, message):
+    # as root no file is unreadable, so the failure is the disk's, made here
+    from tts_cli import corpus
+
+    def fail(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(corpus, "open", fail, raising=False)
+    path = tmp_path / "corpus.txt"
+    with pytest.raises(CorpusError) as raised:
+        read_corpus(path)
+    assert str(raised.value) == f"{path}: {message}"
+
+
 def test_unknown_format_lists_the_formats(tmp_path):
     path = write_corpus(tmp_path, b"text\n")
     with pytest.raises(ValueError) as error:
         read_corpus(path, "csv")
     for fmt in FORMATS:
         assert fmt in str(error.value)
+    assert str(error.value) == "unknown corpus format 'csv'; use one of: plain, ljspeech, tsv"
 
 
 def test_corpus_error_is_a_value_error():

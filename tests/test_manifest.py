@@ -93,6 +93,7 @@ def test_unknown_status_is_rejected_naming_the_row_and_the_choices(status):
     message = str(error.value)
     assert "LJ001-0001" in message and "line 1" in message
     assert all(choice in message for choice in STATUSES)
+    assert message.endswith("; use one of: ok, suspect, truncated, skipped, error")
 
 
 # --- the manifest file ----------------------------------------------------------------------------
