@@ -16,7 +16,7 @@ from aligned_models import aligned_tacotron2
 from checkpoint_files import write_nvidia_tacotron2, write_pickled_waveglow
 from outputs import manifest
 from tiny_models import canonical, tiny_waveglow
-from tts_cli.alignment import Checked, Health, Thresholds, best
+from tts_cli.alignment import Checked, Health, Thresholds, best, suspicion
 from tts_cli.batching import pad_sequences
 from tts_cli.cli import main
 from tts_cli.config import Settings
@@ -316,3 +316,29 @@ def test_a_line_whose_gate_never_fired_did_not_reach_the_end_whatever_its_symbol
     babbled = dataclasses.replace(HEALTHY, gated=False)
     assert babbled.failures(PINNED) == ["did not reach the end: the gate never fired"]
     assert not babbled.reached_end(dataclasses.replace(PINNED, end_margin=10 ** 6))
+
+
+def test_the_manifest_gives_the_measures_to_four_places_and_frames_per_symbol_to_three():
+    health = dataclasses.replace(HEALTHY, coverage=2 / 3, focus=1 / 7, frames_per_symbol=10 / 3)
+    assert health.record(PINNED) == {"coverage": 0.6667, "focus": 0.1429, "backward_jump": 0, "forward_jump": 1,
+                                     "symbols_left": 0, "reached_end": True, "frames_per_symbol": 3.333}
+
+
+def kept(attempts: int, **measures) -> Checked:
+    health = dataclasses.replace(HEALTHY, **measures)
+    return Checked(health, tuple(health.failures(PINNED)), attempt=1, attempts=attempts)
+
+
+def test_a_suspect_lines_reason_names_each_failing_measure_and_the_attempts_made():
+    assert suspicion([kept(1)]) is None
+    assert suspicion([kept(1, coverage=0.5, focus=0.25)]) == (
+        "alignment: coverage 0.50 < 0.75, focus 0.25 < 0.5 (best of 1 attempt)")
+
+
+def test_a_cut_lines_reason_names_the_failing_pieces_counting_from_one():
+    pieces = [kept(1, coverage=0.5), kept(3), kept(2, forward_jump=9, backward_jump=6)]
+    assert suspicion(pieces) == (
+        "alignment: piece 1 of 3: coverage 0.50 < 0.75; "
+        "piece 3 of 3: jumped 9 symbols ahead (at most 8), jumped 6 symbols back (at most 5) (best of 2 attempts)")
+    assert suspicion(pieces[1:]) == ("alignment: piece 2 of 2: jumped 9 symbols ahead (at most 8), "
+                                     "jumped 6 symbols back (at most 5) (best of 2 attempts)")

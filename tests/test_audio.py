@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -89,6 +90,15 @@ def test_non_finite_audio_is_rejected_and_nothing_is_written(tmp_path, bad_value
 def test_float64_too_large_for_float32_is_rejected_not_written_as_inf(tmp_path):
     with pytest.raises(ValueError, match="NaN or infinite"):
         write_wav(tmp_path / "big.wav", np.array([1e300]), 22050, "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the one clear error, no numpy overflow warning before it
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            write_wav(tmp_path / "big.wav", np.array([1e300]), 22050, "float32")
+
+
+def test_the_lowest_sample_rate_accepted_is_1_hz(tmp_path):
+    write_wav(tmp_path / "slow.wav", np.zeros(3), 1)
+    assert sf.info(str(tmp_path / "slow.wav")).samplerate == 1
 
 
 @pytest.mark.parametrize("shape", [(2, 100), (1, 100), ()])
@@ -112,6 +122,7 @@ def test_unknown_sample_format_lists_the_choices(tmp_path):
     with pytest.raises(ValueError) as error:
         write_wav(tmp_path / "x.wav", np.zeros(10, dtype=np.float32), 22050, "pcm12")
     assert all(choice in str(error.value) for choice in SAMPLE_FORMATS)
+    assert str(error.value) == "unknown sample format 'pcm24'; use one of: pcm16, float32"
 
 
 def test_parent_directories_are_created(tmp_path):
@@ -205,6 +216,18 @@ def test_atomic_write_cleans_up_on_keyboard_interrupt(tmp_path):
             temp_path.write_text("partial")
             raise KeyboardInterrupt
     assert files_in(tmp_path) == []
+
+
+def test_a_file_is_flushed_to_disk_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
+    # so a power cut leaves the old file or the whole new one, never a renamed empty one
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.fstat(fd).st_ino)) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda src, dst: events.append(("rename", os.stat(src).st_ino)) or replace(src, dst))
+    target = tmp_path / "a.wav"
+    write_wav(target, np.zeros(10), 1000)
+    written = target.stat().st_ino
+    assert events == [("fsync", written), ("rename", written), ("fsync", tmp_path.stat().st_ino)]
 
 
 # --- mel -------------------------------------------------------------------------------------

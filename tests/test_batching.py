@@ -54,3 +54,79 @@ def test_shortest_first_runs_the_same_batches_in_the_opposite_order():
     shortest_first = batch_plan(pending, 3, shortest_first=True)
     assert shortest_first == longest_first[::-1]
     assert [[len(p.pieces[i]) for p, i in batch] for batch in shortest_first] == [[1], [5, 3, 2], [9, 8, 7]]
+
+
+# --- planning each line ---------------------------------------------------------------------------
+
+def plan(text, problem=None, **settings):
+    """prepare_line's verdict on corpus line 4, id "a": (its pending line or
+    None, the manifest row it got now or None)."""
+    from tts_cli.config import Settings
+    from tts_cli.corpus import Utterance
+    from tts_cli.planning import prepare_line
+    rows = {}
+    pending = prepare_line(Utterance(4, "a", text, problem), 7, rows, Settings(**settings))
+    return pending, rows.get(4)
+
+
+@pytest.mark.parametrize("problem, status", [("empty line", "skipped"), ("empty text", "skipped"),
+                                             ("line is not valid UTF-8 (byte 0xff at column 1)", "error")])
+def test_a_line_the_corpus_could_not_give_is_skipped_when_empty_else_an_error(problem, status):
+    pending, row = plan("", problem)
+    assert pending is None
+    assert (row.id, row.line, row.text, row.normalized_text) == ("a", 4, "", "")
+    assert (row.status, row.reason, row.seed, row.audio_filepath, row.pieces) == (status, problem, None, None, 0)
+    assert (row.duration, row.num_samples, row.mel_frames) == (0.0, 0, 0)
+
+
+def test_a_line_the_front_end_cannot_read_is_an_error_saying_why():
+    pending, row = plan("It cost $,5.")
+    assert pending is None
+    assert (row.id, row.line, row.text, row.normalized_text, row.status) == ("a", 4, "It cost $,5.", "", "error")
+    assert row.reason == "cannot read dollar amount $',5'"
+
+
+def test_a_line_of_punctuation_only_is_skipped_with_its_normalized_text():
+    pending, row = plan("...!?")
+    assert pending is None
+    assert (row.normalized_text, row.status, row.reason) == ("...!?", "skipped", "nothing speakable after cleaning")
+
+
+def test_a_line_to_say_gets_its_ids_and_seeds_and_retry_seeds_only_when_checked():
+    from tts_cli.planning import line_seed, retry_seeds
+    pending, row = plan("Hi.")
+    assert row is None
+    assert (pending.normalized, pending.pieces, pending.seeds) == ("hi.", [normalize_ids("Hi.")], [line_seed(7, "a")])
+    assert pending.retry_seeds == [retry_seeds(7, "a", 2)] and len(set(pending.retry_seeds[0])) == 2
+    assert pending.results == [None] and not pending.complete
+    assert plan("Hi.", check_alignment=False)[0].retry_seeds == [[]]
+
+
+def test_every_seed_of_a_line_follows_the_run_seed():
+    from tts_cli.corpus import Utterance
+    from tts_cli.config import Settings
+    from tts_cli.planning import prepare_line
+    line = lambda seed: prepare_line(Utterance(4, "a", "Hi."), seed, {}, Settings(retries=2))
+    one, other = line(7), line(8)
+    assert not set(one.seeds + one.retry_seeds[0]) & set(other.seeds + other.retry_seeds[0])
+
+
+def test_a_cut_line_has_a_seed_per_piece_named_after_it():
+    from tts_cli.planning import line_seed, retry_seeds
+    pending, _ = plan("One two three. Four five six.", max_symbols_per_piece=16, retries=1)
+    assert pending.pieces == [normalize_ids("One two three."), normalize_ids("Four five six.")]
+    assert pending.seeds == [line_seed(7, "a/0"), line_seed(7, "a/1")]
+    assert pending.retry_seeds == [retry_seeds(7, "a/0", 1), retry_seeds(7, "a/1", 1)]
+    assert pending.results == [None, None]
+
+
+def normalize_ids(text):
+    from tts_cli.text import normalize
+    return normalize(text)[0]
+
+
+@pytest.mark.parametrize("limit", [180, len(" Hi. ")])   # well within it, and at it exactly
+def test_a_line_within_the_limit_is_read_whole_with_the_spaces_at_its_ends(limit):
+    # as the reference reads it: only a line that is cut loses them
+    pending, _ = plan(" Hi.  ", max_symbols_per_piece=limit)
+    assert pending.pieces == [normalize_ids(" Hi.  ")] and len(pending.pieces[0]) == len(" Hi. ")

@@ -184,6 +184,7 @@ def test_a_plain_corpus_mostly_of_ids_and_text_gets_one_line_naming_its_format(t
     assert found is not None and "\n" not in found
     assert str(tmp_path / "corpus.txt") in found and "5 of its 6 lines" in found and f"--format {fmt}" in found
     assert hint(tmp_path, lines[:2] + [b"A line without an id.", b"Another one."]) is None   # 2 of 4
+    assert "4 of its 5 lines" in hint(tmp_path, lines[:5] + [b"A line without an id."])    # 80 % exactly
 
 
 @pytest.mark.parametrize("lines", [
@@ -195,6 +196,12 @@ def test_a_plain_corpus_mostly_of_ids_and_text_gets_one_line_naming_its_format(t
 ])
 def test_prose_with_an_occasional_separator_gets_no_hint(tmp_path, lines):
     assert hint(tmp_path, lines) is None
+
+
+def test_a_hint_takes_ids_of_up_to_64_characters(tmp_path):
+    lines = [b"a" * 63 + bytes([c]) + b"|Some text." for c in b"xyz"]
+    assert "3 of its 3 lines" in hint(tmp_path, lines)
+    assert hint(tmp_path, [b"b" + line for line in lines]) is None
 
 
 def test_the_separated_formats_themselves_get_no_hint(tmp_path):
@@ -252,6 +259,49 @@ def test_real_id_equal_to_a_placeholder_is_reported_on_the_real_line(tmp_path):
         read_corpus(path, "ljspeech")
 
 
+
+@pytest.mark.parametrize("unreadable", [b"   ", b"|text without id", b"b\xffd|readable text", b"no separator"])
+def test_a_line_whose_id_cannot_be_read_lends_its_placeholder_to_no_later_line(tmp_path, unreadable):
+    path = write_corpus(tmp_path, unreadable + b"\nline-000001|text\n")
+    with pytest.raises(CorpusError) as error:
+        read_corpus(path, "ljspeech")
+    assert str(error.value) == (f"{path}:2: id 'line-000001' is the placeholder id of line 1, "
+                                "which has no readable id; rename it")
+
+
+@pytest.mark.parametrize("text", [b"   ", b"caf\xe9"])
+def test_an_unsafe_id_is_refused_even_on_a_line_with_nothing_to_say(tmp_path, text):
+    path = write_corpus(tmp_path, b"../escape|" + text + b"\n")
+    with pytest.raises(CorpusError, match=r":1: id '../escape' is not a safe file name"):
+        read_corpus(path, "ljspeech")
+
+
+def test_a_too_long_id_is_shown_cut_to_40_characters(tmp_path):
+    long_id = "".join(chr(ord("a") + i % 26) for i in range(129))
+    path = write_corpus(tmp_path, long_id.encode() + b"|text\n")
+    with pytest.raises(CorpusError) as error:
+        read_corpus(path, "ljspeech")
+    assert str(error.value) == f"{path}:1: id {long_id[:40]!r}... is 129 characters long; use at most 128"
+
+
+def test_lines_without_text_keep_what_was_there(tmp_path):
+    rows = read_corpus(write_corpus(tmp_path, b"a1|  \n \t \nno separator, caf\xe9\n"), "ljspeech")
+    assert [(row.text, row.problem) for row in rows[:2]] == [("  ", "empty text"), ("", "empty line")]
+    assert rows[2].text == "" and "byte 0xe9 at column 18" in rows[2].problem
+
+
+def test_standard_input_is_named_stdin_in_messages(tmp_path, monkeypatch):
+    import io
+    import sys
+    from types import SimpleNamespace
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=io.BytesIO(b"a|one\na|two\n")))
+    with pytest.raises(CorpusError, match=r"^<stdin>:2: duplicate id 'a'"):
+        read_corpus("-", "ljspeech")
+    lines = [line.replace(b"{}", b"|") for line in IDS_AND_TEXT]
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=io.BytesIO(b"\n".join(lines))))
+    assert format_hint("-", read_corpus("-"), "plain").startswith("<stdin>: 5 of its 6 lines")
+
+
 # --- file-level errors -----------------------------------------------------------------------
 
 def test_missing_file_is_a_one_line_corpus_error(tmp_path):
@@ -276,12 +326,30 @@ def test_unreadable_file_is_a_one_line_corpus_error(tmp_path):
         read_corpus(path)
 
 
+@pytest.mark.parametrize("error, message", [
+    (PermissionError(13, "Permission denied"), "permission denied; make the file readable"),
+    (OSError(5, "Input/output error"), "cannot read (Input/output error); check the file"),
+])
+def test_a_corpus_that_cannot_be_read_is_one_line_naming_it(tmp_path, monkeypatch, error, message):
+    # as root no file is unreadable, so the failure is the disk's, made here
+    from tts_cli import corpus
+
+    def fail(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(corpus, "open", fail, raising=False)
+    path = tmp_path / "corpus.txt"
+    with pytest.raises(CorpusError) as raised:
+        read_corpus(path)
+    assert str(raised.value) == f"{path}: {message}"
+
+
 def test_unknown_format_lists_the_formats(tmp_path):
     path = write_corpus(tmp_path, b"text\n")
     with pytest.raises(ValueError) as error:
         read_corpus(path, "csv")
     for fmt in FORMATS:
         assert fmt in str(error.value)
+    assert str(error.value) == "unknown corpus format 'csv'; use one of: plain, ljspeech, tsv"
 
 
 def test_corpus_error_is_a_value_error():

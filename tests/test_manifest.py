@@ -71,6 +71,11 @@ def test_to_json_accepts_numpy_scalars_from_the_synthesizer():
     assert (record["num_samples"], record["mel_frames"], record["clipped_samples"]) == (33075, 129, 3)
 
 
+def test_to_json_refuses_a_value_json_cannot_hold_naming_its_type():
+    with pytest.raises(TypeError, match="^object is not JSON serializable$"):
+        make_row(alignment={"coverage": object()}).to_json()
+
+
 def test_to_json_refuses_nan_duration_which_is_not_json():
     with pytest.raises(ValueError):
         make_row(duration=float("nan")).to_json()
@@ -88,6 +93,7 @@ def test_unknown_status_is_rejected_naming_the_row_and_the_choices(status):
     message = str(error.value)
     assert "LJ001-0001" in message and "line 1" in message
     assert all(choice in message for choice in STATUSES)
+    assert message.endswith("; use one of: ok, suspect, truncated, skipped, error")
 
 
 # --- the manifest file ----------------------------------------------------------------------------
@@ -107,6 +113,22 @@ def test_manifest_file_is_utf8_jsonl_with_one_row_per_line(tmp_path):
     data = path.read_bytes()
     assert data.endswith(b"\n") and b"\r" not in data
     assert data.decode("utf-8").split("\n")[:-1] == [row.to_json() for row in rows]
+
+
+def test_manifest_file_is_utf8_under_any_locale(tmp_path):
+    # a job started from a shell with LANG=C must not fail on, or garble, its first non-ASCII line
+    import subprocess
+    import sys
+    rows = sample_rows()
+    write_manifest(tmp_path / "here.jsonl", rows)
+    code = ("import sys; from tts_cli.manifest import write_manifest_lines; "
+            "write_manifest_lines(sys.argv[1], sys.stdin.read().splitlines())")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONIOENCODING": "utf-8"}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c-locale.jsonl")], env=env,
+                          input="\n".join(row.to_json() for row in rows), capture_output=True, text=True,
+                          encoding="utf-8", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "c-locale.jsonl").read_bytes() == (tmp_path / "here.jsonl").read_bytes()
 
 
 def test_generator_of_rows_is_accepted(tmp_path):
@@ -165,10 +187,12 @@ GOOD_LINE = make_row().to_json()
 
 @pytest.mark.parametrize("bad_line, expected", [
     (b'{"id": "x", "line": 2', "not valid JSON"),  # truncated by a crash mid-write
-    (b"[1, 2]", "expected a JSON object"),
-    (b'{"id": "x"}', "missing keys"),
-    (GOOD_LINE.replace('"status": "ok"', '"status": "done"').encode(), "unknown status 'done'"),
-    (GOOD_LINE.replace('"duration": 1.5', '"duration": NaN').encode(), "not valid JSON"),
+    (b"[1, 2]", "expected a JSON object, got list"),
+    (b'{"id": "x"}', "missing keys line, text, normalized_text, audio_filepath, duration, num_samples, "
+                     "mel_frames, status, reason; this is not a tts-batch manifest row"),
+    (GOOD_LINE.replace('"status": "ok"', '"status": "done"').encode(),
+     "unknown status 'done'; expected one of: ok, suspect, truncated, skipped, error"),
+    (GOOD_LINE.replace('"duration": 1.5', '"duration": NaN').encode(), "not valid JSON (NaN is not valid JSON)"),
     (b"\xff\xfe", "not valid UTF-8"),
 ])
 def test_bad_row_raises_value_error_naming_path_and_line(tmp_path, bad_line, expected):
@@ -220,6 +244,20 @@ def test_summarize_gives_the_same_answer_from_a_manifest_read_back(tmp_path):
 def test_summarize_rejects_a_row_with_an_unknown_status():
     with pytest.raises(ValueError, match="unknown status 'done'"):
         summarize([{"id": "x", "status": "done", "duration": 1.0}])
+    with pytest.raises(ValueError) as error:
+        summarize([make_row(), {"id": "LJ001-0002", "status": "failed"}])
+    assert str(error.value) == ("unknown status 'failed' for id 'LJ001-0002'; "
+                                "expected one of: ok, suspect, truncated, skipped, error")
+
+
+def test_reports_count_one_thing_in_the_singular_and_thousands_with_commas():
+    from tts_cli.manifest import plural
+    assert [plural(n, "line") for n in (0, 1, 2, 1000)] == ["0 lines", "1 line", "2 lines", "1,000 lines"]
+
+
+def test_summarize_totals_audio_to_the_microsecond():
+    rows = [make_row(duration=1 / 3), make_row(duration=1 / 3)]
+    assert summarize(rows)["audio_seconds"] == 0.666667
 
 
 # --- the run's manifest checkpoint ------------------------------------------------------------
@@ -270,3 +308,54 @@ def test_a_slow_manifest_rewrite_is_done_less_often(tmp_path, monkeypatch):
     checkpoint.save_seconds = 1.0
     checkpoint.save(final=True)                                  # the final write always happens
     assert len(writes) == 3
+
+
+def test_a_stopped_run_counts_the_lines_made_or_skipped_among_those_it_keeps(tmp_path):
+    # what "stopped after N of M lines" says after Ctrl-C (a torchrun process: of its own lines)
+    from tts_cli.journal import ManifestJournal
+    checkpoint, utterances = _checkpoint(tmp_path, 5)
+    made = dataclasses.replace(checkpoint.ordered()[0], status="ok", reason=None, audio_filepath="wavs/u1.wav")
+    skipped = dataclasses.replace(checkpoint.ordered()[2], status="skipped", reason="empty line")
+    failed = dataclasses.replace(checkpoint.ordered()[3], reason="CUDA out of memory")
+    rows = {1: made, 3: skipped, 4: failed}
+    assert ManifestJournal(checkpoint.path, utterances, rows, seed=3).progress() == (2, 5)
+    assert ManifestJournal(checkpoint.path, utterances, rows, seed=3, only={1, 2, 4}).progress() == (1, 3)
+
+
+def test_a_torchrun_process_saves_only_the_finished_rows_of_its_own_lines(tmp_path):
+    from tts_cli.journal import ManifestJournal
+    checkpoint, utterances = _checkpoint(tmp_path, 4)
+    done = {n: dataclasses.replace(checkpoint.ordered()[n - 1], status="ok", reason=None,
+                                   audio_filepath=f"wavs/u{n}.wav") for n in (1, 2, 4)}
+    partial = ManifestJournal(tmp_path / "manifest.rank-0-of-2.jsonl", utterances, done, seed=3, only={1, 3, 4})
+    partial.save(final=True)
+    assert [row["id"] for row in read_manifest(partial.path)] == ["u1", "u4"]
+
+
+def test_the_manifest_is_rewritten_once_the_checkpoint_interval_has_passed(tmp_path, monkeypatch):
+    from tts_cli import journal
+    checkpoint, _ = _checkpoint(tmp_path, 2)
+    clock = iter([100.0, 100.0, 100.0 + journal.CHECKPOINT_SECONDS, 100.0 + journal.CHECKPOINT_SECONDS])
+    monkeypatch.setattr(journal.time, "monotonic", lambda: next(clock))
+    checkpoint.save(final=True)                     # written at 100.0, taking no time
+    writes = []
+    monkeypatch.setattr(journal, "write_manifest_lines", lambda path, lines: writes.append(path))
+    checkpoint.save()                               # CHECKPOINT_SECONDS later, exactly
+    assert writes == [checkpoint.path]
+
+
+def test_a_line_not_made_yet_is_an_error_row_saying_to_run_again_with_its_text_so_far(tmp_path):
+    checkpoint, _ = _checkpoint(tmp_path, 3)
+    checkpoint.pending_normalized[2] = "line two"
+    rows = checkpoint.ordered()
+    assert [row.normalized_text for row in rows] == ["", "line two", ""]
+    assert {(row.status, row.reason, row.seed, row.audio_filepath) for row in rows} == {
+        ("error", "not synthesized: the run stopped first; run the same command again to finish", 3, None)}
+
+
+def test_the_first_checkpoint_is_written_at_once_whatever_the_clock_reads(tmp_path, monkeypatch):
+    from tts_cli import journal
+    checkpoint, _ = _checkpoint(tmp_path, 2)
+    monkeypatch.setattr(journal.time, "monotonic", lambda: 0.5)
+    checkpoint.save()
+    assert len(read_manifest(checkpoint.path)) == 2

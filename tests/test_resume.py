@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from outputs import manifest, assert_same_output, mtimes
 from tts_cli import audio
 from tts_cli.cli import main
+from tts_cli.config import Settings
 from tts_cli.engine import Engine
 from tiny_models import HOP
 
@@ -490,3 +491,60 @@ def test_the_seed_ids_and_cut_change_the_key_and_the_pause_only_that_of_a_cut_li
                 key(pieces=([5, 6], [7]))}) == 5
     assert key(pause=0.3) == key(), "one piece: no pause to change"
     assert key(pieces=([5, 6], [7]), pause=0.3) != key(pieces=([5, 6], [7]))
+
+
+# --- what a re-run vouches for ------------------------------------------------------------------
+
+def verdict(tmp_path, mel=np.zeros((80, 7), dtype=np.float32), **changes):
+    """reusable_row's verdict on a finished line whose WAV (100 samples at
+    1,000 Hz) is whole, with ``mel`` saved as its mel and ``changes`` made to
+    its manifest row."""
+    from tts_cli.corpus import Utterance
+    from tts_cli.manifest import ManifestRow
+    from tts_cli.resume import reusable_row
+    audio.write_wav(tmp_path / "wavs" / "a.wav", np.zeros(100), 1000)
+    (tmp_path / "mels").mkdir(exist_ok=True)
+    np.save(tmp_path / "mels" / "a.npy", mel)
+    row = ManifestRow(id="a", line=1, text="Hi.", normalized_text="hi.", audio_filepath="wavs/a.wav",
+                      duration=0.1, num_samples=100, mel_frames=7, status="ok", reason=None,
+                      mel_filepath="mels/a.npy", key="k")
+    return reusable_row({**dataclasses.asdict(row), **changes}, "k", Utterance(1, "a", "Hi."), tmp_path, Settings())
+
+
+def test_a_kept_row_takes_the_line_number_and_text_the_corpus_has_now(tmp_path):
+    from tts_cli.corpus import Utterance
+    from tts_cli.resume import reusable_row
+    old = dataclasses.asdict(verdict(tmp_path))
+    kept = reusable_row(old, "k", Utterance(3, "a", "HI."), tmp_path, Settings())   # two lines added above
+    assert (kept.line, kept.text, kept.normalized_text) == (3, "HI.", "hi.")
+
+
+def test_a_row_that_says_its_audio_lasts_no_time_is_made_again(tmp_path):
+    assert verdict(tmp_path).audio_filepath == "wavs/a.wav"
+    assert verdict(tmp_path, duration=0.0) is None
+
+
+@pytest.mark.parametrize("mel", [np.zeros((80, 7), dtype=np.float64), np.zeros(7, dtype=np.float32)])
+def test_a_mel_file_that_is_not_a_2d_float32_array_is_not_vouched_for(tmp_path, mel):
+    assert verdict(tmp_path).mel_filepath == "mels/a.npy"
+    kept = verdict(tmp_path, mel)
+    assert kept.audio_filepath == "wavs/a.wav" and kept.mel_filepath is None
+
+
+def test_the_seed_is_the_given_one_else_the_manifests_else_a_random_31_bit_one():
+    from tts_cli.resume import run_seed
+    assert run_seed(Settings(seed=5), {"a": {"seed": 9}}) == (5, "given")
+    assert run_seed(Settings(), {"a": {"seed": None}, "b": {"seed": 9}}) == (9, "from the existing manifest")
+    drawn = [run_seed(Settings(), {"a": {"seed": None}}) for _ in range(64)]
+    assert {source for _, source in drawn} == {"random"}
+    assert all(0 <= seed < 2 ** 31 for seed, _ in drawn) and max(seed for seed, _ in drawn) >= 2 ** 30
+
+
+def test_a_stopped_torchrun_jobs_partial_manifests_are_read_without_a_manifest(tmp_path):
+    from tts_cli.manifest import ManifestRow, write_manifest
+    from tts_cli.resume import previous_rows
+    row = dict(id="a", line=1, text="Hi.", normalized_text="hi.", audio_filepath="wavs/a.wav", duration=0.1,
+               num_samples=100, mel_frames=7, status="ok", reason=None)
+    write_manifest(tmp_path / "manifest.rank-0-of-2.jsonl", [ManifestRow(**row)])
+    write_manifest(tmp_path / "manifest.rank-1-of-2.jsonl", [ManifestRow(**{**row, "id": "b", "line": 2})])
+    assert sorted(previous_rows(tmp_path)) == ["a", "b"]

@@ -78,3 +78,15 @@ def test_a_dash_an_opening_bracket_or_a_bare_quote_is_no_cut(word):
     # not cut there, so the words are packed: the first piece takes words of the tail
     tail = TAIL.lower()
     assert split_text(f"{word} {tail}", len(tail), len)[0].startswith(f"{word} four")
+
+
+def test_a_line_exactly_at_the_limit_comes_back_as_it_is():
+    line = "Yes.  No, maybe."
+    assert split_text(line, len(line), len) == [line]
+
+
+def test_neighbours_that_together_reach_the_limit_exactly_share_a_piece():
+    # each cut is a pause in the audio: parts that fit together are not cut apart
+    line = "Yes. No. Maybe."
+    assert split_text(line, len("Yes. No."), len) == ["Yes. No.", "Maybe."]
+    assert split_text(line, len("Yes. No.") - 1, len) == ["Yes.", "No.", "Maybe."]

@@ -151,6 +151,11 @@ def test_dollar_amount_with_stray_comma_is_rejected_like_reference_crash():
     with pytest.raises(UnsupportedTextError):
         clean_text("$,5")
     assert issubclass(UnsupportedTextError, ValueError)
+    # the message is the manifest's reason for the line
+    with pytest.raises(UnsupportedTextError, match=r"^cannot read dollar amount \$',5'$"):
+        clean_text("$,5")
+    with pytest.raises(UnsupportedTextError, match=r"^cannot read dollar amount \$'5\.,5'$"):
+        clean_text("$5.,5")
 
 
 @pytest.mark.parametrize(
@@ -235,6 +240,9 @@ def test_largest_readable_number_and_the_one_past_it():
     assert clean_text("1" + "0" * 35) == "one hundred decillion"
     with pytest.raises(UnsupportedTextError):
         clean_text("1" + "0" * 36)
+    with pytest.raises(UnsupportedTextError) as error:
+        clean_text("1234567890" * 3 + "1234567")
+    assert str(error.value) == "number too large to read aloud: 12345678901234567890... (37 digits)"
     with pytest.raises(UnsupportedTextError):
         clean_text("1" + "0" * 36 + "th")
 
@@ -549,3 +557,19 @@ def test_numbers_read_as_a_plainly_imported_inflect_reads_them():
     ours = ([[front_end._words(n, **c) for c in calls] for n in numbers]
             + [front_end._number_speller().number_to_words(o) for o in ordinals])
     assert ours == json.loads(plain.stdout)
+
+
+def test_reading_numbers_leaves_typeguard_as_it_was_for_other_code():
+    typeguard = pytest.importorskip("typeguard")
+    before = typeguard.typechecked
+    front_end._import_inflect()
+    assert typeguard.typechecked is before
+
+
+def test_the_stand_in_for_typeguard_leaves_a_function_as_it_is_however_it_is_applied():
+    # inflect>=6 may write @typechecked bare or with options; either way its
+    # functions must come back unchanged, or reading a number fails
+    def spell(number):
+        return str(number)
+    assert front_end._unchecked(spell) is spell
+    assert front_end._unchecked(collection_check_strategy=None)(spell) is spell
