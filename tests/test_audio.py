@@ -122,7 +122,7 @@ def test_unknown_sample_format_lists_the_choices(tmp_path):
     with pytest.raises(ValueError) as error:
         write_wav(tmp_path / "x.wav", np.zeros(10, dtype=np.float32), 22050, "pcm12")
     assert all(choice in str(error.value) for choice in SAMPLE_FORMATS)
-    assert str(error.value) == "unknown sample format 'pcm24'; use one of: pcm16, float32"
+    assert str(error.value) == "unknown sample format 'pcm12'; use one of: pcm16, pcm24, float32"
 
 
 def test_parent_directories_are_created(tmp_path):

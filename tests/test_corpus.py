@@ -271,7 +271,8 @@ def test_a_line_whose_id_cannot_be_read_lends_its_placeholder_to_no_later_line(t
 
 @pytest.mark.parametrize("text", [b"   ", b"caf\xe9"])
 def test_an_unsafe_id_is_refused_even_on_a_line_with_nothing_to_say(tmp_path, text):
-    path = write_corpus(tmp_path, b"../escape|" + text + b"\n")
+    # among readable lines: a file mostly not UTF-8 is refused as not text first
+    path = write_corpus(tmp_path, b"../escape|" + text + b"\nLJ1|Fine.\nLJ2|Fine too.\n")
     with pytest.raises(CorpusError, match=r":1: id '../escape' is not a safe file name"):
         read_corpus(path, "ljspeech")
 

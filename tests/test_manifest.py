@@ -93,7 +93,7 @@ def test_unknown_status_is_rejected_naming_the_row_and_the_choices(status):
     message = str(error.value)
     assert "LJ001-0001" in message and "line 1" in message
     assert all(choice in message for choice in STATUSES)
-    assert message.endswith("; use one of: ok, suspect, truncated, skipped, error")
+    assert message.endswith("; use one of: ok, suspect, truncated, skipped, error, pending")
 
 
 # --- the manifest file ----------------------------------------------------------------------------
@@ -191,7 +191,7 @@ GOOD_LINE = make_row().to_json()
     (b'{"id": "x"}', "missing keys line, text, normalized_text, audio_filepath, duration, num_samples, "
                      "mel_frames, status, reason; this is not a tts-batch manifest row"),
     (GOOD_LINE.replace('"status": "ok"', '"status": "done"').encode(),
-     "unknown status 'done'; expected one of: ok, suspect, truncated, skipped, error"),
+     "unknown status 'done'; expected one of: ok, suspect, truncated, skipped, error, pending"),
     (GOOD_LINE.replace('"duration": 1.5', '"duration": NaN').encode(), "not valid JSON (NaN is not valid JSON)"),
     (b"\xff\xfe", "not valid UTF-8"),
 ])
@@ -247,7 +247,7 @@ def test_summarize_rejects_a_row_with_an_unknown_status():
     with pytest.raises(ValueError) as error:
         summarize([make_row(), {"id": "LJ001-0002", "status": "failed"}])
     assert str(error.value) == ("unknown status 'failed' for id 'LJ001-0002'; "
-                                "expected one of: ok, suspect, truncated, skipped, error")
+                                "expected one of: ok, suspect, truncated, skipped, error, pending")
 
 
 def test_reports_count_one_thing_in_the_singular_and_thousands_with_commas():
@@ -344,13 +344,14 @@ def test_the_manifest_is_rewritten_once_the_checkpoint_interval_has_passed(tmp_p
     assert writes == [checkpoint.path]
 
 
-def test_a_line_not_made_yet_is_an_error_row_saying_to_run_again_with_its_text_so_far(tmp_path):
+def test_a_line_not_made_yet_is_a_pending_row_saying_how_to_finish_with_its_text_so_far(tmp_path):
     checkpoint, _ = _checkpoint(tmp_path, 3)
     checkpoint.pending_normalized[2] = "line two"
     rows = checkpoint.ordered()
     assert [row.normalized_text for row in rows] == ["", "line two", ""]
     assert {(row.status, row.reason, row.seed, row.audio_filepath) for row in rows} == {
-        ("error", "not synthesized: the run stopped first; run the same command again to finish", 3, None)}
+        ("pending", "not synthesized yet: the run is still making lines, or stopped first; the same command "
+                    "again finishes it", 3, None)}
 
 
 def test_the_first_checkpoint_is_written_at_once_whatever_the_clock_reads(tmp_path, monkeypatch):
