@@ -44,9 +44,10 @@ from tts_cli.config import BATCH_SIZES, REFERENCE_SAMPLE_RATE, Settings, load_se
 from tts_cli.corpus import read_corpus
 from tts_cli.distributed import Group
 from tts_cli.engine import Engine, Job, precision_name, resolve_device, resolve_precision
-from tts_cli.pipeline import RunSummary, synthesize_corpus
+from tts_cli.pipeline import RunSummary
 from tts_cli.loading import load_models, synthesis_settings
 from tts_cli.quality import QUALITY_LINES, Fidelity, voice_mels, waveglow_fidelity
+from tts_cli.synthesizer import Synthesizer
 from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, Tacotron2
 from tts_cli.voice import demo_voice
 from tts_cli.waveglow import PUBLISHED_DIMS as WAVEGLOW_DIMS, WaveGlow, WaveGlowDims
@@ -339,9 +340,8 @@ class ForcedLengths:
 def _corpus_run(settings: Settings, corpus: Path, out: Path, engine: Engine,
                 group: Group | None = None) -> RunSummary:
     """The corpus end to end through the pipeline, each line's length fixed."""
-    return synthesize_corpus(settings, read_corpus(corpus, settings.format), out, on_notice=lambda m: None,
-                             engine=ForcedLengths(engine),
-                             group=group)
+    return Synthesizer.around(ForcedLengths(engine), settings).synthesize_to_dir(
+        read_corpus(corpus, settings.format), out, group=group)
 
 
 def end_to_end_result(b: BenchSettings, device: torch.device, settings: Settings,

@@ -65,6 +65,16 @@ class Synthesizer:
         synthesizer.engine   # loads
         return synthesizer
 
+    @classmethod
+    def around(cls, engine, settings: Settings) -> "Synthesizer":
+        """A synthesizer over an engine the caller built (the bench's random
+        full-size models): no files behind it, the reference's sample rate."""
+        from tts_cli.loading import engine_voice
+        synthesizer = cls(settings)
+        synthesizer._voice, synthesizer._voiced, synthesizer._info = engine_voice(engine, settings)
+        synthesizer._engine = engine
+        return synthesizer
+
     @property
     def engine(self):
         """The models on their device (``engine.Engine``), loaded on first use."""
