@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 
 from tts_cli import audio
-from tts_cli.audio import SAMPLE_FORMATS, atomic_write, resample, write_audio, write_mel, write_wav
+from tts_cli.audio import SAMPLE_FORMATS, atomic_write, resample, write_audio, write_mel
 
 
 def files_in(directory) -> list[str]:
@@ -23,7 +23,7 @@ def files_in(directory) -> list[str]:
 def test_pcm16_round_trip_keeps_length_rate_and_values(tmp_path):
     path = tmp_path / "utt.wav"
     samples = np.array([0.0, 0.5, -0.5, 1.0, -1.0, 0.25], dtype=np.float32)
-    clipped = write_wav(path, samples, 22050)
+    clipped = write_audio(path, samples, 22050)
     info = sf.info(path)
     assert (info.samplerate, info.channels, info.frames, info.subtype, info.format) == (22050, 1, 6, "PCM_16", "WAV")
     read_back, rate = sf.read(path, dtype="int16")
@@ -34,11 +34,11 @@ def test_pcm16_round_trip_keeps_length_rate_and_values(tmp_path):
 
 def test_pcm16_is_the_default_and_float32_keeps_exact_values(tmp_path):
     samples = np.linspace(-0.9, 0.9, 1000).astype(np.float32)
-    write_wav(tmp_path / "default.wav", samples, 16000)
+    write_audio(tmp_path / "default.wav", samples, 16000)
     assert sf.info(tmp_path / "default.wav").subtype == "PCM_16"
 
     path = tmp_path / "float.wav"
-    assert write_wav(path, samples, 16000, "float32") == 0
+    assert write_audio(path, samples, 16000, "float32") == 0
     read_back, rate = sf.read(path, dtype="float32")
     assert sf.info(path).subtype == "FLOAT" and rate == 16000
     np.testing.assert_array_equal(read_back, samples)
@@ -47,7 +47,7 @@ def test_pcm16_is_the_default_and_float32_keeps_exact_values(tmp_path):
 def test_float32_never_renormalizes_or_clips_loud_or_quiet_audio(tmp_path):
     samples = np.array([1.5, -2.0, 0.001, -0.001], dtype=np.float32)
     path = tmp_path / "loud.wav"
-    assert write_wav(path, samples, 22050, "float32") == 0
+    assert write_audio(path, samples, 22050, "float32") == 0
     read_back, _ = sf.read(path, dtype="float32")
     np.testing.assert_array_equal(read_back, samples)
 
@@ -55,7 +55,7 @@ def test_float32_never_renormalizes_or_clips_loud_or_quiet_audio(tmp_path):
 def test_pcm16_clamps_out_of_range_samples_instead_of_wrapping_and_counts_them(tmp_path):
     path = tmp_path / "clipped.wav"
     samples = np.array([1.5, -1.5, 0.5, 1.0, -1.0, 1.0000001, 40.0], dtype=np.float64)
-    clipped = write_wav(path, samples, 22050)
+    clipped = write_audio(path, samples, 22050)
     as_int, _ = sf.read(path, dtype="int16")
     # A wrapped 1.5 would come back negative: an audible click.
     assert as_int.tolist() == [32767, -32768, 16384, 32767, -32767, 32767, 32767]
@@ -67,12 +67,12 @@ def test_pcm16_clamps_out_of_range_samples_instead_of_wrapping_and_counts_them(t
 
 def test_pcm16_in_range_audio_reports_no_clipping(tmp_path):
     samples = np.sin(np.linspace(0, 100, 22050)).astype(np.float32)  # peaks at exactly +-1.0 or below
-    assert write_wav(tmp_path / "sine.wav", samples, 22050) == 0
+    assert write_audio(tmp_path / "sine.wav", samples, 22050) == 0
 
 
 def test_empty_audio_writes_a_valid_empty_wav(tmp_path):
     path = tmp_path / "empty.wav"
-    assert write_wav(path, np.zeros(0, dtype=np.float32), 22050) == 0
+    assert write_audio(path, np.zeros(0, dtype=np.float32), 22050) == 0
     assert sf.info(path).frames == 0
 
 
@@ -82,59 +82,59 @@ def test_non_finite_audio_is_rejected_and_nothing_is_written(tmp_path, bad_value
     path = tmp_path / "bad.wav"
     samples = np.array([0.1, bad_value, 0.2], dtype=np.float32)
     with pytest.raises(ValueError, match="NaN or infinite") as error:
-        write_wav(path, samples, 22050, sample_format)
+        write_audio(path, samples, 22050, sample_format)
     assert str(path) in str(error.value)
     assert files_in(tmp_path) == []
 
 
 def test_float64_too_large_for_float32_is_rejected_not_written_as_inf(tmp_path):
     with pytest.raises(ValueError, match="NaN or infinite"):
-        write_wav(tmp_path / "big.wav", np.array([1e300]), 22050, "float32")
+        write_audio(tmp_path / "big.wav", np.array([1e300]), 22050, "float32")
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # the one clear error, no numpy overflow warning before it
         with pytest.raises(ValueError, match="NaN or infinite"):
-            write_wav(tmp_path / "big.wav", np.array([1e300]), 22050, "float32")
+            write_audio(tmp_path / "big.wav", np.array([1e300]), 22050, "float32")
 
 
 def test_the_lowest_sample_rate_accepted_is_1_hz(tmp_path):
-    write_wav(tmp_path / "slow.wav", np.zeros(3), 1)
+    write_audio(tmp_path / "slow.wav", np.zeros(3), 1)
     assert sf.info(str(tmp_path / "slow.wav")).samplerate == 1
 
 
 @pytest.mark.parametrize("shape", [(2, 100), (1, 100), ()])
 def test_non_mono_shapes_are_rejected(tmp_path, shape):
     with pytest.raises(ValueError, match="1-D"):
-        write_wav(tmp_path / "x.wav", np.zeros(shape, dtype=np.float32), 22050)
+        write_audio(tmp_path / "x.wav", np.zeros(shape, dtype=np.float32), 22050)
 
 
 def test_integer_audio_is_rejected_because_its_scale_is_unknown(tmp_path):
     with pytest.raises(ValueError, match="floating point"):
-        write_wav(tmp_path / "x.wav", np.array([100, -100], dtype=np.int16), 22050)
+        write_audio(tmp_path / "x.wav", np.array([100, -100], dtype=np.int16), 22050)
 
 
 @pytest.mark.parametrize("rate", [0, -22050, 22050.0, True])
 def test_bad_sample_rate_is_rejected(tmp_path, rate):
     with pytest.raises(ValueError, match="sample rate"):
-        write_wav(tmp_path / "x.wav", np.zeros(10, dtype=np.float32), rate)
+        write_audio(tmp_path / "x.wav", np.zeros(10, dtype=np.float32), rate)
 
 
 def test_unknown_sample_format_lists_the_choices(tmp_path):
     with pytest.raises(ValueError) as error:
-        write_wav(tmp_path / "x.wav", np.zeros(10, dtype=np.float32), 22050, "pcm12")
+        write_audio(tmp_path / "x.wav", np.zeros(10, dtype=np.float32), 22050, "pcm12")
     assert all(choice in str(error.value) for choice in SAMPLE_FORMATS)
     assert str(error.value) == "unknown sample format 'pcm12'; use one of: pcm16, pcm24, float32"
 
 
 def test_parent_directories_are_created(tmp_path):
     path = tmp_path / "out" / "wavs" / "utt.wav"
-    write_wav(path, np.zeros(10, dtype=np.float32), 22050)
+    write_audio(path, np.zeros(10, dtype=np.float32), 22050)
     assert sf.info(path).frames == 10
 
 
 # --- atomic writes ------------------------------------------------------------------------------
 
 def test_successful_write_leaves_only_the_final_file(tmp_path):
-    write_wav(tmp_path / "utt.wav", np.zeros(10, dtype=np.float32), 22050)
+    write_audio(tmp_path / "utt.wav", np.zeros(10, dtype=np.float32), 22050)
     write_mel(tmp_path / "utt.npy", np.zeros((80, 5)))
     assert files_in(tmp_path) == ["utt.npy", "utt.wav"]
 
@@ -158,7 +158,7 @@ def test_failed_wav_write_leaves_no_temp_file_and_no_final_file(tmp_path, monkey
 
     monkeypatch.setattr(audio, "open", HalfWritten, raising=False)
     with pytest.raises(audio.WriteError, match="No space left on device") as error:
-        write_wav(tmp_path / "utt.wav", np.zeros(10, dtype=np.float32), 22050)
+        write_audio(tmp_path / "utt.wav", np.zeros(10, dtype=np.float32), 22050)
     # named by the file the user asked for, not the temporary one
     assert error.value.filename == str(tmp_path / "utt.wav") and error.value.errno == errno.ENOSPC
     assert files_in(tmp_path) == []
@@ -170,7 +170,7 @@ def test_a_libsndfile_failure_is_a_write_error_naming_the_file(tmp_path, monkeyp
 
     monkeypatch.setattr(audio.sf, "write", fail)
     with pytest.raises(audio.WriteError) as error:
-        write_wav(tmp_path / "utt.wav", np.zeros(10, dtype=np.float32), 22050)
+        write_audio(tmp_path / "utt.wav", np.zeros(10, dtype=np.float32), 22050)
     assert error.value.filename == str(tmp_path / "utt.wav")
     assert error.value.strerror == "libsndfile: Error writing: System error."
     assert files_in(tmp_path) == []
@@ -178,14 +178,14 @@ def test_a_libsndfile_failure_is_a_write_error_naming_the_file(tmp_path, monkeyp
 
 def test_failed_rewrite_keeps_the_previous_complete_file(tmp_path, monkeypatch):
     path = tmp_path / "utt.wav"
-    write_wav(path, np.full(10, 0.5, dtype=np.float32), 22050)
+    write_audio(path, np.full(10, 0.5, dtype=np.float32), 22050)
 
     def fail(*args, **kwargs):
         raise RuntimeError("killed")
 
     monkeypatch.setattr(audio.sf, "write", fail)
     with pytest.raises(RuntimeError):
-        write_wav(path, np.zeros(99, dtype=np.float32), 22050)
+        write_audio(path, np.zeros(99, dtype=np.float32), 22050)
     assert files_in(tmp_path) == ["utt.wav"]
     assert sf.info(path).frames == 10
 
@@ -225,7 +225,7 @@ def test_a_file_is_flushed_to_disk_before_its_rename_and_the_rename_after(tmp_pa
     monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.fstat(fd).st_ino)) or fsync(fd))
     monkeypatch.setattr(os, "replace", lambda src, dst: events.append(("rename", os.stat(src).st_ino)) or replace(src, dst))
     target = tmp_path / "a.wav"
-    write_wav(target, np.zeros(10), 1000)
+    write_audio(target, np.zeros(10), 1000)
     written = target.stat().st_ino
     assert events == [("fsync", written), ("rename", written), ("fsync", tmp_path.stat().st_ino)]
 

@@ -502,7 +502,7 @@ def verdict(tmp_path, mel=np.zeros((80, 7), dtype=np.float32), **changes):
     from tts_cli.corpus import Utterance
     from tts_cli.manifest import ManifestRow
     from tts_cli.resume import reusable_row
-    audio.write_wav(tmp_path / "wavs" / "a.wav", np.zeros(100), 1000)
+    audio.write_audio(tmp_path / "wavs" / "a.wav", np.zeros(100), 1000)
     (tmp_path / "mels").mkdir(exist_ok=True)
     np.save(tmp_path / "mels" / "a.npy", mel)
     row = ManifestRow(id="a", line=1, text="Hi.", normalized_text="hi.", audio_filepath="wavs/a.wav",

@@ -36,12 +36,6 @@ class WriteError(OSError):
     when libsndfile failed)."""
 
 
-def write_wav(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
-              sample_format: str = "pcm16") -> int:
-    """``write_audio`` as a WAV file."""
-    return write_audio(path, audio, sample_rate, sample_format, "wav")
-
-
 def write_audio(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
                 sample_format: str = "pcm16", audio_format: str = "wav") -> int:
     """Write mono ``audio`` (floats, nominally in [-1, 1]) at ``path`` as a

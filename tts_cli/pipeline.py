@@ -391,7 +391,7 @@ class _Writer:
         failed = [r for r in p.results if isinstance(r, Exception)]
         if failed:
             return row_without_audio(u, p.normalized, "error", failure_reason(failed[0]), self.run_seed)
-        audio = self._joined([r.audio for r in p.results])
+        audio = joined_audio([r.audio for r in p.results], s, self.model_rate)
         if not np.isfinite(audio).all():
             return row_without_audio(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed)
         wav = audio_path(u.id, s.audio_format)
@@ -455,9 +455,6 @@ class _Writer:
         for i in range(len(p.pieces)):
             with contextlib.suppress(OSError):
                 self._piece_path(p, i).unlink()
-
-    def _joined(self, pieces: list[np.ndarray]) -> np.ndarray:
-        return joined_audio(pieces, self.settings, self.model_rate)
 
 
 def joined_audio(pieces: list[np.ndarray], settings: Settings, model_rate: int) -> np.ndarray:
