@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import random
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 from tts_cli.config import BATCH_SIZES, DEFAULT_RECIPE, MODEL_SETTINGS, SHORTEST_FIRST, Settings, load_settings
 from tts_cli.corpus import Utterance, read_corpus, utterances_from_texts
 from tts_cli.errors import FatalError
+from tts_cli.resume import run_seed as run_seed_of
 from tts_cli.voice import ResolvedVoice, resolve_voice
 
 if TYPE_CHECKING:   # checkpoints.py imports torch, which the command imports only once it has work
@@ -39,9 +39,9 @@ class Synthesizer:
     with. ``load`` makes one; ``settings`` may be given unloaded (the
     command's way: the models load only once a run has work)."""
 
-    def __init__(self, settings: Settings, voice: ResolvedVoice | None = None):
+    def __init__(self, settings: Settings):
         self.settings = settings          # as set: None where the voice decides (the resume keys hold these)
-        self._voice = voice
+        self._voice: ResolvedVoice | None = None
         self._engine = None
         self._info: VoiceInfo | None = None
         self._voiced: Settings | None = None   # with the voice's sample rate and denoiser strength
@@ -115,7 +115,7 @@ class Synthesizer:
         from tts_cli.planning import batch_plan, prepare_line
 
         utterances = utterances_from_texts(list(texts))
-        run_seed = seed if seed is not None else random.SystemRandom().randrange(2 ** 31)
+        run_seed, _ = run_seed_of(dataclasses.replace(self.settings, seed=seed), {})   # the command's draw
         rows = {}
         pending = [prepare_line(u, run_seed, rows, self.settings) for u in utterances]
         for u in utterances:
