@@ -171,9 +171,11 @@ def _text_bytes(data: bytes, path: str | os.PathLike) -> bytes:
     if nul >= 0:
         raise CorpusError(f"{name}: not a text file (a NUL byte at byte {nul + 1}); give a UTF-8 text corpus, "
                           "one line per utterance")
+    if not _undecodable(data):   # the usual corpus: one pass, no line to count
+        return data
     lines = [line for line in _split_physical_lines(data) if line.strip()]
     bad = sum(1 for line in lines if _undecodable(line))
-    if lines and bad > _MOST_UNDECODABLE * len(lines):
+    if bad > _MOST_UNDECODABLE * len(lines):
         raise CorpusError(f"{name}: {bad} of {len(lines)} lines are not valid UTF-8, so it is not a UTF-8 text "
                           "file; convert it (iconv -t UTF-8) or give the text corpus")
     return data
