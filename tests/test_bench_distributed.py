@@ -109,5 +109,8 @@ def test_the_whole_bench_runs_on_cpu_and_its_stage_rates_add_up(tmp_path, monkey
     assert r["end_to_end_share_of_waveglow_alone"] == \
         r["audio_seconds_per_second"] / r["waveglow_alone_audio_seconds_per_second"]
     assert r["speedup_over_baseline"] == r["audio_seconds_per_second"] / r["baseline_audio_seconds_per_second"]
+    assert r["flac_16khz_share_of_wav"] == \
+        r["audio_seconds_per_second_flac_16khz"] / r["audio_seconds_per_second_checked_again"]
+    assert "| 16 kHz FLAC as a share of WAV |" in result.output
     assert "| end to end as a share of WaveGlow alone |" in result.output
     assert "| GPU busy (steady state: middle half of a 4-batch window) | n/a |" in result.output

@@ -190,6 +190,9 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
             return result
         echo("bench: the end-to-end run is done; the same without alignment checks, then again with them")
         checks = _alignment_checks_cost(settings, corpus, Path(tmp), engine)
+        echo("bench: the same as 16 kHz FLAC")
+        dataset = _dataset_output_cost(settings, corpus, Path(tmp), engine,
+                                       checks["audio_seconds_per_second_checked_again"])
         echo("bench: measuring the stages")
         made = len(summary.rows) - summary.counts["skipped"] - summary.counts["error"] - summary.counts["pending"]
         window = _first_lines(b.corpus, min(4 * b.batch_size, made or 1), Path(tmp) / "w.txt")
@@ -206,6 +209,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
     return {
         **result,
         **checks,
+        **dataset,
         "gpu_busy_fraction": busy,
         "decoder_ms_per_step_batch1": step_ms_1,
         "decoder_frames_per_second_bench_batch": frames_per_second,
@@ -388,6 +392,17 @@ def _alignment_checks_cost(settings: Settings, corpus: Path, tmp: Path, engine: 
             "alignment_checks_cost": 1 - again / without}
 
 
+DATASET_OUTPUT = {"sample_rate": 16000, "audio_format": "flac", "sample_format": "pcm16"}
+
+
+def _dataset_output_cost(settings: Settings, corpus: Path, tmp: Path, engine: Engine, wav_speed: float) -> dict:
+    """The corpus end to end as a recognizer's dataset wants it (16 kHz FLAC,
+    resampled and encoded beside the GPU), as a share of the same run
+    writing the voice's own rate as WAV just before it."""
+    flac = _corpus_run(replace(settings, **DATASET_OUTPUT), corpus, tmp / "flac16k", engine).speed
+    return {"audio_seconds_per_second_flac_16khz": flac, "flac_16khz_share_of_wav": flac / wav_speed}
+
+
 def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
     """Slope of decode time against steps: fixed costs (encoder, postnet)
     cancel. 800 steps apart, median of 3: at batch 1 that is ~30 ms against
@@ -417,6 +432,8 @@ TABLE = [
     ("the same without alignment checks", "audio_seconds_per_second_unchecked", "{:.1f}"),
     ("the same with them again", "audio_seconds_per_second_checked_again", "{:.1f}"),
     ("alignment checks' cost (1 - again / without)", "alignment_checks_cost", "{:.1%}"),
+    ("the same as 16 kHz FLAC (resampled)", "audio_seconds_per_second_flac_16khz", "{:.1f}"),
+    ("16 kHz FLAC as a share of WAV", "flac_16khz_share_of_wav", "{:.1%}"),
     ("GPU busy (steady state: middle half of a 4-batch window)", "gpu_busy_fraction", "{:.1%}"),
     ("Tacotron2 ms per decoder step, batch 1", "decoder_ms_per_step_batch1", "{:.3f}"),
     ("Tacotron2 frames/s at bench batch", "decoder_frames_per_second_bench_batch", "{:.0f}"),
