@@ -247,6 +247,7 @@ class Engine:
         self.compiled = None
         if on_gpu and kernels.available():
             self.compiled = kernels.CompiledMark(f"{tacotron2.dims} {waveglow.dims} {dtype}")
+            kernels.remembered_triton_key()
             if not self.compiled.seen():
                 self.notices.append(f"first run of this voice in {precision_name(dtype)} on this machine: "
                                     f"compiling its GPU kernels, {kernels.FIRST_COMPILE} (once; later runs "
