@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tts_cli import engine as engine_module
+from tts_cli import scheduler as engine_module
 from tts_cli.engine import Engine, Job, SynthesisSettings, resolve_device, resolve_precision
 from tts_cli.tacotron2 import DecodeSettings
 from tiny_models import HOP, tiny_tacotron2, tiny_waveglow

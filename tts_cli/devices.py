@@ -15,6 +15,7 @@ it must be known then:
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 import re
@@ -122,3 +123,14 @@ def _retain_primary_context(index: int) -> bool:
     handle, context = ctypes.c_int(), ctypes.c_void_p()
     return (driver.cuInit(0) == 0 and driver.cuDeviceGet(ctypes.byref(handle), index) == 0
             and driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle) == 0)
+
+
+def on_its_device(method):
+    """Runs a method of an object with ``on_device()`` (the engine) with its
+    GPU as the thread's current device: streams, graph captures and Triton
+    launches go to the current device, which is GPU 0 on every thread until set."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.on_device():
+            return method(self, *args, **kwargs)
+    return run
