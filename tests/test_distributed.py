@@ -123,6 +123,18 @@ def test_two_processes_write_bitwise_what_one_process_writes(tmp_path, tiny_chec
     assert partial_manifests(out) == [] and not (out / ".pieces").exists()
 
 
+def test_two_processes_fill_the_shards_one_process_fills(tmp_path, tiny_checkpoints):
+    corpus = write(tmp_path / "corpus.txt", LINES + CUT)
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    single_process([*arguments(corpus, reference, tiny_checkpoints), "--shard-size", "4"])
+    code, output = finished(torchrun(2, [*arguments(corpus, out, tiny_checkpoints), "--shard-size", "4"]))
+    assert code == 0, output
+    assert_same_output(out, reference)
+    folders = {row["audio_filepath"].split("/")[1] for row in manifest(out) if row["audio_filepath"]}
+    assert folders == {"00000", "00001", "00002"}
+    assert partial_manifests(out) == [] and not (out / ".pieces").exists()
+
+
 def makers(lines, world, batch_size=2, max_symbols=60):
     """Which processes make each line's pieces, by id, as the pipeline deals
     out the batches of the one-process plan."""

@@ -436,6 +436,7 @@ NOT_IN_THE_KEY = {
     "max_symbols_per_piece": "where a line is cut is in its pieces' ids",
     "piece_pause": "in the key of a cut line only (line_key), tested below",
     "save_mels": "writes a mel beside the WAV; the WAV is the same",
+    "shard_size": "which folder a line's files go in; a row from another layout keeps its paths",
     "strict": "the exit status only",
     "force": "redoes every line whatever the keys",
     "prune": "removes files no row names; a line's audio is the same",

@@ -115,6 +115,10 @@ def _others_working() -> bool:
 @click.option("--audio-format", type=click.Choice(AUDIO_FORMATS),
               help=f"Audio file format, wavs/<id>.wav or .flac. {default_help('audio_format')}")
 @click.option("--save-mels", is_flag=True, default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")
+@click.option("--shard-size", type=click.IntRange(min=0), metavar="N",
+              help="A corpus of more than N lines writes wavs/ and mels/ in numbered folders of N lines each "
+                   f"(wavs/00000/, wavs/00001/, ... in corpus order); 0 keeps one folder. "
+                   f"{default_help('shard_size')}")
 @click.option("--max-symbols-per-piece", type=click.IntRange(min=0),
               help="Cut longer lines at sentence, clause, then word boundaries; 0 never cuts. "
                    f"{default_help('max_symbols_per_piece')}")

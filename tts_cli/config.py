@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from tts_cli.decode_rules import DecodeSettings
-from tts_cli.formats import AUDIO_FORMATS, CORPUS_FORMATS, FLAC_SAMPLE_FORMATS, SAMPLE_FORMATS
+from tts_cli.formats import AUDIO_FORMATS, CORPUS_FORMATS, FLAC_SAMPLE_FORMATS, SAMPLE_FORMATS, SHARD_SIZE
 
 DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")
@@ -76,6 +76,7 @@ class Settings:
     sample_format: str = "pcm16"        # pcm16, pcm24 or float32 (WAV only)
     audio_format: str = "wav"           # wav or flac
     save_mels: bool = False             # also write mels/<id>.npy
+    shard_size: int = SHARD_SIZE        # a longer corpus goes into folders of this many lines; 0: flat (formats.Layout)
     format: str = "plain"               # corpus format: plain, ljspeech, tsv
     device: str | None = None           # cuda, cuda:N, cpu; None: cuda where expected (devices.py)
     precision: str | None = None        # fp32, fp16, bf16; None: fp16 on CUDA, fp32 on CPU
@@ -119,6 +120,7 @@ def _problems(s: Settings) -> list[tuple[str, str]]:
          "max_symbols_per_piece must be >= 0 (0 disables splitting)"),
         ("piece_pause", 0 <= s.piece_pause <= 10, "piece_pause must be between 0 and 10 seconds"),
         ("waveglow_memory", s.waveglow_memory is None or s.waveglow_memory > 0, "waveglow_memory must be > 0"),
+        ("shard_size", s.shard_size >= 0, "shard_size must be >= 0 (0 keeps every file in one folder)"),
         ("retries", 0 <= s.retries <= 20, "retries must be between 0 and 20"),
         ("min_coverage", 0 <= s.min_coverage <= 1, "min_coverage must be between 0 and 1"),
         ("min_focus", 0 <= s.min_focus <= 1, "min_focus must be between 0 and 1"),

@@ -6,6 +6,9 @@ A leaf: the settings (config.py) check these names, and the corpus reader
 (corpus.py) and the WAV writer (audio.py) act on them, so the settings load
 neither soundfile nor the reader to know them.
 """
+from __future__ import annotations
+
+from dataclasses import dataclass
 
 CORPUS_FORMATS = ("plain", "ljspeech", "tsv")
 SAMPLE_FORMATS = ("pcm16", "pcm24", "float32")
@@ -14,6 +17,51 @@ AUDIO_FORMATS = ("wav", "flac")
 FLAC_SAMPLE_FORMATS = ("pcm16", "pcm24")
 
 
-def audio_path(line_id: str, audio_format: str) -> str:
-    """Where a line's audio goes, relative to the output directory."""
-    return f"wavs/{line_id}.{audio_format}"
+# Lines in one folder of wavs/ and of mels/ at most, by default: the Hugging
+# Face Hub's advice, and what file systems and `ls` handle without pain.
+SHARD_SIZE = 10_000
+_SHARD_DIGITS = 5   # at least; more where a corpus has more shards than that names
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a line's files go, relative to the output directory.
+
+    A corpus of at most ``shard_size`` lines (or ``shard_size`` 0) is flat:
+    ``wavs/<id>.<format>`` and ``mels/<id>.npy``. A longer one is sharded by
+    the line's number in the corpus file: lines 1 to 10,000 in
+    ``wavs/00000/``, 10,001 to 20,000 in ``wavs/00001/`` and so on, so that
+    the folders sort in corpus order and none holds more than ``shard_size``
+    lines' files."""
+
+    audio_format: str
+    shard_size: int = 0     # 0: flat
+    digits: int = _SHARD_DIGITS
+
+    @classmethod
+    def for_corpus(cls, audio_format: str, shard_size: int, last_line: int) -> "Layout":
+        if not shard_size or last_line <= shard_size:
+            return cls(audio_format)
+        return cls(audio_format, shard_size, max(_SHARD_DIGITS, len(str((last_line - 1) // shard_size))))
+
+    def audio(self, line_id: str, line: int) -> str:
+        return f"{self._folder('wavs', line)}/{line_id}.{self.audio_format}"
+
+    def mel(self, line_id: str, line: int) -> str:
+        return f"{self._folder('mels', line)}/{line_id}.npy"
+
+    def _folder(self, kind: str, line: int) -> str:
+        return f"{kind}/{(line - 1) // self.shard_size:0{self.digits}d}" if self.shard_size else kind
+
+
+def is_shard_folder(name: str) -> bool:
+    """A folder name ``Layout`` makes inside wavs/ and mels/."""
+    return len(name) >= _SHARD_DIGITS and name.isdigit()
+
+
+def names_a_place_for(path: str, kind: str, file_name: str) -> bool:
+    """Whether ``path`` is where a layout puts ``file_name``: ``<kind>/<file_name>``
+    or ``<kind>/<shard>/<file_name>`` (nothing outside ``kind``)."""
+    folder, _, name = path.rpartition("/")
+    shard = folder[len(kind) + 1:]
+    return name == file_name and (folder == kind or (folder.startswith(f"{kind}/") and is_shard_folder(shard)))

@@ -26,7 +26,7 @@ from tts_cli.audio import atomic_write, resample, write_audio, write_mel
 from tts_cli.config import BATCH_SIZES, SHORTEST_FIRST, Settings
 from tts_cli.coordination import PIECES_DIR, Alone, Share, Together, coordinator
 from tts_cli.corpus import Utterance
-from tts_cli.formats import audio_path
+from tts_cli.formats import Layout, is_shard_folder
 from tts_cli.devices import device_type, open_cuda_early
 from tts_cli.errors import OutputError, OutputNotice, cannot_write, first_line
 from tts_cli.planning import PendingLine, batch_plan, prepare_line, row_without_audio
@@ -153,7 +153,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     settings = voiced or settings
     load_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    writer = _Writer(settings, out_dir, seed, voice_info.sample_rate if voice_info else None)
+    layout = Layout.for_corpus(settings.audio_format, settings.shard_size, max((u.line for u in utterances), default=0))
+    writer = _Writer(settings, layout, out_dir, seed, voice_info.sample_rate if voice_info else None)
     try:
         together.take_over(manifest)
         if share.batches and not stop.is_set():
@@ -178,13 +179,21 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
 
 
 def orphans(out_dir: Path, rows: list[ManifestRow]) -> list[Path]:
-    """Audio and mel files in the output's wavs/ and mels/ (the names and
-    kinds this tool writes) that no row names: left by an earlier corpus,
-    or by a line in another audio format."""
+    """Audio and mel files in the output's wavs/ and mels/ and their shard
+    folders (the names and kinds this tool writes) that no row names: left
+    by an earlier corpus, or by a line in another audio format."""
     named = {out_dir / name for row in rows for name in (row.audio_filepath, row.mel_filepath) if name}
-    found = [path for folder, kinds in (("wavs", ("*.wav", "*.flac")), ("mels", ("*.npy",)))
-             for kind in kinds for path in (out_dir / folder).glob(kind)]
+    found = [path for kind, suffixes in (("wavs", (".wav", ".flac")), ("mels", (".npy",)))
+             for folder in _folders_of(out_dir / kind) for path in folder.iterdir()
+             if path.suffix in suffixes and path.is_file()]
     return sorted(path for path in found if path not in named and not path.name.startswith("."))
+
+
+def _folders_of(kind: Path) -> list[Path]:
+    """``wavs/`` or ``mels/`` and the shard folders in it (formats.Layout)."""
+    if not kind.is_dir():
+        return []
+    return [kind, *sorted(path for path in kind.iterdir() if is_shard_folder(path.name) and path.is_dir())]
 
 
 def _report_orphans(out_dir: Path, rows: list[ManifestRow], prune: bool, on_notice) -> None:
@@ -195,6 +204,9 @@ def _report_orphans(out_dir: Path, rows: list[ManifestRow], prune: bool, on_noti
         for path in left:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+        for folder in {path.parent for path in left} - {out_dir / "wavs", out_dir / "mels"}:
+            with contextlib.suppress(OSError):   # a shard folder left empty goes; one with other files stays
+                folder.rmdir()
         on_notice(f"removed {plural(len(left), 'file')} in {out_dir}/wavs and mels that no manifest row "
                   "named (--prune)")
     else:
@@ -252,8 +264,9 @@ def _prepare_output(out_dir: Path, settings: Settings, remove_temp_files: bool =
         (out_dir / "wavs").mkdir(parents=True, exist_ok=True)
         if settings.save_mels:
             (out_dir / "mels").mkdir(parents=True, exist_ok=True)
-        for folder in (out_dir, out_dir / "wavs", out_dir / "mels") if remove_temp_files else ():
-            _remove_stale_temp_files(folder)
+        if remove_temp_files:
+            for folder in (out_dir, *_folders_of(out_dir / "wavs"), *_folders_of(out_dir / "mels")):
+                _remove_stale_temp_files(folder)
     except OSError as e:
         raise OutputError(cannot_write(out_dir, e)) from None
 
@@ -381,10 +394,12 @@ class _Progress:
 class _Writer:
     """Joins one line's pieces, writes its files and makes its manifest row."""
 
-    def __init__(self, settings: Settings, out_dir: Path, run_seed: int, model_rate: int | None):
+    def __init__(self, settings: Settings, layout: Layout, out_dir: Path, run_seed: int, model_rate: int | None):
         """``model_rate``: the rate the voice's WaveGlow makes (None: no
-        audio will be made); the files are at ``settings.sample_rate``."""
-        self.settings, self.out_dir, self.run_seed, self.model_rate = settings, out_dir, run_seed, model_rate
+        audio will be made); the files are at ``settings.sample_rate``, in
+        the folders ``layout`` names."""
+        self.settings, self.layout, self.out_dir = settings, layout, out_dir
+        self.run_seed, self.model_rate = run_seed, model_rate
 
     def write(self, p: PendingLine) -> ManifestRow:
         u, s = p.utterance, self.settings
@@ -394,13 +409,16 @@ class _Writer:
         audio = joined_audio([r.audio for r in p.results], s, self.model_rate)
         if not np.isfinite(audio).all():
             return row_without_audio(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed)
-        wav = audio_path(u.id, s.audio_format)
-        mel = f"mels/{u.id}.npy" if s.save_mels else None
+        wav = self.layout.audio(u.id, u.line)
+        mel = self.layout.mel(u.id, u.line) if s.save_mels else None
         try:
             if mel is None:
                 # No row will point at an earlier run's mel of this line
                 # (nor may one: it can be of other audio), so it goes.
-                (self.out_dir / f"mels/{u.id}.npy").unlink(missing_ok=True)
+                (self.out_dir / self.layout.mel(u.id, u.line)).unlink(missing_ok=True)
+            else:
+                (self.out_dir / mel).parent.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / wav).parent.mkdir(parents=True, exist_ok=True)
             clipped = write_audio(self.out_dir / wav, audio, s.sample_rate, s.sample_format, s.audio_format)
             if mel is not None:
                 write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))

@@ -24,7 +24,7 @@ from tts_cli.config import Settings
 from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
-from tts_cli.formats import audio_path
+from tts_cli.formats import names_a_place_for
 from tts_cli.manifest import PARTIAL_MANIFESTS, ManifestRow, read_manifest
 
 if TYPE_CHECKING:
@@ -109,13 +109,19 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
     WAV vouches for the mel. With --save-mels, a line whose mel is missing or
     damaged is made again, WAV and all: a mel comes only from Tacotron2, and
     the pipeline has no pass that runs it without WaveGlow.
+
+    The files stay where the earlier run put them: a row made under another
+    layout (flat, or shards of another size; formats.Layout) keeps its
+    paths, so a corpus that grows past one shard remakes nothing.
     """
     if old is None or old.get("key") != key or old["status"] not in REUSABLE:
         return None
-    wav, mel = audio_path(u.id, settings.audio_format), f"mels/{u.id}.npy"
-    if old["audio_filepath"] != wav or not _whole_wav(out_dir / wav, old["num_samples"], old["duration"]):
+    wav, mel = old["audio_filepath"], old.get("mel_filepath")
+    if (not isinstance(wav, str) or not names_a_place_for(wav, "wavs", f"{u.id}.{settings.audio_format}")
+            or not _whole_wav(out_dir / wav, old["num_samples"], old["duration"])):
         return None
-    if old.get("mel_filepath") != mel or _mel_frames(out_dir / mel) != old["mel_frames"]:
+    if (not isinstance(mel, str) or not names_a_place_for(mel, "mels", f"{u.id}.npy")
+            or _mel_frames(out_dir / mel) != old["mel_frames"]):
         mel = None
     if settings.save_mels and mel is None:
         return None
