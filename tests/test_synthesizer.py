@@ -130,3 +130,15 @@ def test_audio_comes_at_the_rate_asked_for(tiny_checkpoints, tiny):
     assert s.sample_rate == 16000 and s.voice.sample_rate == tiny.sample_rate == 22050
     [low], [native] = s.synthesize(["It cost $3.50."], seed=3), tiny.synthesize(["It cost $3.50."], seed=3)
     assert abs(len(low) / 16000 - len(native) / 22050) <= 1 / 16000
+
+
+def test_the_dataset_options_work_through_synthesize_to_dir(tiny_checkpoints, tmp_path):
+    """16 kHz FLAC in shards, as the command writes them, from Python."""
+    s = Synthesizer.load(*tiny_checkpoints, sample_rate=16000, **SAME)
+    summary = s.synthesize_to_dir(TEXTS, tmp_path / "out", seed=1, audio_format="flac", shard_size=2)
+    made = [row for row in manifest(tmp_path / "out") if row["audio_filepath"]]
+    assert len(made) == summary.counts["ok"] + summary.counts["suspect"] + summary.counts["truncated"] == 4
+    for row in made:
+        info = sf.info(tmp_path / "out" / row["audio_filepath"])
+        assert (info.format, info.samplerate, info.frames) == ("FLAC", 16000, row["num_samples"])
+    assert {Path(row["audio_filepath"]).parent.name for row in made} == {"00000", "00001", "00002"}
