@@ -3,7 +3,9 @@
 Every expected value below was worked out by hand from the rules of NVIDIA's
 tacotron2 front end (text/__init__.py, cleaners.py, numbers.py, symbols.py,
 cmudict.py), never by running our code. If one of these fails, the model is
-being fed different symbols than it was trained on.
+being fed different symbols than it was trained on. They read text by the
+reference normalization, these functions' default; the extended one (a
+run's default) has its own section at the end.
 """
 
 import json
@@ -573,3 +575,215 @@ def test_the_stand_in_for_typeguard_leaves_a_function_as_it_is_however_it_is_app
         return str(number)
     assert front_end._unchecked(spell) is spell
     assert front_end._unchecked(collection_check_strategy=None)(spell) is spell
+
+
+# ------------------------------------------- extended normalization (spoken forms)
+#
+# Everything above is the reference normalization (the default of these
+# functions). The extended one, a run's default, first writes out what the
+# reference drops or mangles; each expected value is the whole spoken line.
+
+
+def extended(text):
+    return normalize(text, "extended")[1]
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        ("12%", "twelve percent"),
+        ("3.5%", "three point five percent"),
+        ("Up 100 % today.", "up one hundred percent today."),
+        ("5\u2030", "five per mille"),
+    ],
+)
+def test_percentages_are_said(text, spoken):
+    assert extended(text) == spoken
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        ("7:30", "seven thirty"),
+        ("7:05", "seven oh five"),
+        ("7:00", "seven o'clock"),
+        ("19:00", "nineteen hundred"),
+        ("19:45", "nineteen forty-five"),
+        ("7:30 pm", "seven thirty p m"),
+        ("7:30 p.m.", "seven thirty p m."),
+        ("at 7:30 p.m. on Monday", "at seven thirty p m on monday"),
+        ("at 7:30 P.M. Then", "at seven thirty p m. then"),
+        ("7:00 am", "seven a m"),
+        ("10:45am", "ten forty-five a m"),
+        ("Dinner at 7pm.", "dinner at seven p m."),
+        ("John 3:16", "john three sixteen"),
+        # Not times: seconds, or minutes past 59, are left to the reference.
+        ("12:45:30", "twelve:forty-five:thirty"),
+        ("7:75", "seven:seventy-five"),
+    ],
+)
+def test_times_are_said(text, spoken):
+    assert extended(text) == spoken
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        ("info@example.com", "info at example dot com"),
+        ("Write to jane.doe+news@mail.example.org.", "write to jane dot doe plus news at mail dot example dot org."),
+        ("https://example.org/a-b", "example dot org slash a b"),
+        ("See http://www.example.com/docs/ now", "see example dot com slash docs now"),
+        ("www.example.co.uk/web2", "example dot co dot uk slash web two"),
+        ("Visit example.com.", "visit example dot com."),
+        ("https://example.org/search?q=tts_batch", "example dot org slash search q tts batch"),
+    ],
+)
+def test_email_and_web_addresses_are_said(text, spoken):
+    assert extended(text) == spoken
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        ("Smith & Sons", "smith and sons"),
+        ("AT&T", "at and t"),
+        ("2+2", "two plus two"),
+        ("C++", "c plus plus"),
+        ("\u00b10.5", "plus or minus zero point five"),
+        ("20\u00b0C", "twenty degrees celsius"),
+        ("20 \u00b0F", "twenty degrees fahrenheit"),
+        ("a 90\u00b0 turn", "a ninety degrees turn"),
+        ("-5\u00b0C", "minus five degrees celsius"),
+        ("1\u00b0C", "one degree celsius"),
+        ("20\u2103", "twenty degrees celsius"),
+        # The reference's dollars, kept; a scale after the amount is read first.
+        ("$3.50", "three dollars, fifty cents"),
+        ("$1", "one dollar"),
+        ("$3.5 million", "three point five million dollars"),
+        ("#1", "number one"),
+        ("room # 12", "room number twelve"),
+    ],
+)
+def test_symbols_are_said(text, spoken):
+    assert extended(text) == spoken
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        ("5 km", "five kilometers"),
+        ("1 km", "one kilometer"),
+        ("42.195km", "forty-two point one hundred ninety-five kilometers"),
+        ("80 km/h", "eighty kilometers per hour"),
+        ("80 kph", "eighty kilometers per hour"),
+        ("60 mph", "sixty miles per hour"),
+        ("3 cm and 4 mm", "three centimeters and four millimeters"),
+        ("2 kg, 500 g and 5 mg", "two kilograms, five hundred grams and five milligrams"),
+        ("250 ml of milk", "two hundred fifty milliliters of milk"),
+        ("250 mL", "two hundred fifty milliliters"),
+        ("2 L", "two liters"),
+        ("10 lbs", "ten pounds"),
+        ("1 lb.", "one pound."),
+        ("8 oz", "eight ounces"),
+        ("6 ft. tall", "six feet tall"),
+        ("He is 6 ft.", "he is six feet."),
+        ("1 ft", "one foot"),
+        ("16 GB, 512 MB and 64 kB", "sixteen gigabytes, five hundred twelve megabytes and sixty-four kilobytes"),
+        ("2 TB", "two terabytes"),
+        ("50 Hz, 44.1 kHz, 2.4 GHz", "fifty hertz, forty-four point one kilohertz, two point four gigahertz"),
+        ("100 MHz", "one hundred megahertz"),
+        # Ambiguous, left as the reference reads them: metres or minutes or
+        # millions; the word "in"; a unit's letters inside a word.
+        ("5 m", "five m"),
+        ("5 in", "five in"),
+        ("5 kgs", "five kgs"),
+    ],
+)
+def test_units_after_numbers_are_said(text, spoken):
+    assert extended(text) == spoken
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        ("March 3", "march third"),
+        ("3 March", "the third of march"),
+        ("March 3, 2021", "march third, twenty twenty-one"),
+        ("on 21 June.", "on the twenty-first of june."),
+        ("The 2 May meeting", "the second of may meeting"),
+        ("the 12th of August", "the twelfth of august"),
+        ("1st January 2000", "the first of january two thousand"),
+        ("Jan. 5, 2020", "january fifth, twenty twenty"),
+        ("5 Sept 1999", "the fifth of september nineteen ninety-nine"),
+        ("DECEMBER 25", "december twenty-fifth"),
+        # Only beside a month's name as names are written, and only days.
+        ("may 3", "may three"),
+        ("March 2021", "march twenty twenty-one"),
+        ("March 32", "march thirty-two"),
+        ("3 marches", "three marches"),
+    ],
+)
+def test_days_beside_a_month_are_ordinals(text, spoken):
+    assert extended(text) == spoken
+
+
+@pytest.mark.parametrize("text", ["12%", "7:30", "info@example.com", "20\u00b0C", "#1", "March 3", "5 km", "a & b"])
+def test_the_reference_normalization_reads_as_nvidias_cleaners(text):
+    assert normalize(text, "reference") == normalize(text)
+    assert sequence_to_text(text_to_sequence(text, "reference")) == "".join(
+        c for c in clean_text(text) if c in _CHAR_TABLE)
+
+
+def test_arpabet_is_not_touched_by_the_spoken_forms():
+    ids, spoken = normalize("{HH AW1 S} 12% {S}", "extended")
+    assert spoken == "{HH AW1 S} twelve percent {S}"
+    assert ids == [HH, AW1, S] + ids_of(" twelve percent ") + [S]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="0123456789@&+\u00b1{}\n"), max_size=40))
+def test_lines_without_digits_marks_or_addresses_read_alike_in_both(text):
+    assume("://" not in text and "www." not in text.lower() and "." not in text)
+    try:
+        reference = normalize(text, "reference")
+    except UnsupportedTextError:
+        assume(False)
+    assert normalize(text, "extended") == reference
+
+
+def test_an_unknown_normalization_is_refused():
+    with pytest.raises(ValueError, match="reference, extended"):
+        normalize("a", "nvidia")
+
+
+# ----------------------------------------------------- dropped characters
+
+
+@pytest.mark.parametrize(
+    "text, normalization, dropped, lost",
+    [
+        ("12%", "reference", "%", "%"),
+        ("12%", "extended", "", ""),
+        ("info@example.com", "reference", "@", "@"),
+        ("a & b #x", "reference", "&#", "&#"),
+        ("#hashtag", "extended", "#", "#"),
+        ("x = 5 $", "extended", "=$", "=$"),
+        # Marks a reader passes over in silence: recorded, nothing lost.
+        ("\u201cQuoted\u201d", "extended", "\u201c\u201d", ""),
+        ('say "so" [sic] *now* a_b', "extended", '"[]*_', ""),
+        ("\u00abbon\u00bb", "extended", "\u00ab\u00bb", ""),
+        # A character with no transliteration at all, and an emoji.
+        ("a\u0241b", "extended", "\u0241", "\u0241"),
+        ("Great \U0001F600", "extended", "\U0001F600", "\U0001F600"),
+        # Said, if not as written: transliterated letters and accents are not dropped.
+        ("\u65e5\u672c\u8a9e", "extended", "", ""),
+        ("Cafe\u0301 cr\u00e8me", "extended", "", ""),
+        ("", "extended", "", ""),
+        # Inside braces nothing is counted.
+        ("{HH %} ok", "extended", "", ""),
+    ],
+)
+def test_the_characters_left_unsaid_are_named(text, normalization, dropped, lost):
+    reading = front_end.read(text, normalization)
+    assert reading.dropped == dropped
+    assert front_end.words_lost(reading.dropped) == lost
