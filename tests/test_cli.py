@@ -153,7 +153,8 @@ def test_help_lists_the_options():
     result = CliRunner().invoke(main, ["synth", "--help"])
     for option in ("--tacotron2", "--waveglow", "--sigma", "--denoiser-strength", "--max-decoder-steps",
                    "--gate-threshold", "--prenet-dropout", "--seed", "--batch-size", "--sample-format",
-                   "--save-mels", "--format", "--force", "--max-symbols-per-piece", "--piece-pause", "--quiet", "--device", "--precision", "--recipe"):
+                   "--save-mels", "--format", "--force", "--max-symbols-per-piece", "--piece-pause", "--quiet", "--device", "--precision", "--recipe",
+                   "--text-normalization"):
         assert option in result.output
 
 
@@ -448,3 +449,60 @@ def test_a_line_in_another_script_is_suspect_not_ok(tmp_path, tiny_checkpoints):
     assert rows[0]["reason"].startswith("letters of another script the voice cannot say ('日本語のテキスト')")
     assert rows[0]["normalized_text"] in rows[0]["reason"][-60:] or "ri ben yu" in rows[0]["reason"]
     assert [r["status"] for r in rows[1:]] == ["ok", "ok"]      # Latin letters with accents are Latin
+
+
+SPOKEN_FORMS = "It rose 12% by 7:30 p.m. on March 3.\nWrite to info@example.com & call #5.\n"
+
+
+def test_the_extended_normalization_says_what_the_reference_drops_and_a_rerun_in_the_other_remakes(
+        tmp_path, tiny_checkpoints):
+    corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
+    corpus.write_text(SPOKEN_FORMS)
+    assert run([str(corpus), "-o", str(out)], tiny_checkpoints).exit_code == 0
+    extended = manifest(out)
+    assert [r["normalized_text"] for r in extended] == [
+        "it rose twelve percent by seven thirty p m on march third.",
+        "write to info at example dot com and call number five."]
+    assert [(r["status"], r["reason"], r["dropped"]) for r in extended] == [("ok", None, None)] * 2
+
+    result = run([str(corpus), "-o", str(out), "--text-normalization", "reference"], tiny_checkpoints)
+    assert result.exit_code == 0, result.output
+    reference = manifest(out)
+    assert [r["normalized_text"] for r in reference] == [
+        "it rose twelve by seven:thirty p.m. on march three.", "write to infoexample.com  call five."]
+    assert [r["dropped"] for r in reference] == ["%", "@&#"]
+    assert [r["status"] for r in reference] == ["suspect", "suspect"]
+    assert reference[1]["reason"] == "characters the voice cannot say, left out: '@&#'"
+    assert all(a["key"] != b["key"] for a, b in zip(extended, reference)), "the mode is in the resume key"
+
+
+def test_the_normalization_can_be_set_by_a_recipe_and_is_checked(tmp_path, tiny_checkpoints):
+    corpus, recipe = tmp_path / "corpus.txt", tmp_path / "nvidia.yaml"
+    corpus.write_text("12%\n")
+    recipe.write_text("text_normalization: reference\n")
+    assert run([str(corpus), "-o", str(tmp_path / "out"), "--recipe", str(recipe)], tiny_checkpoints).exit_code == 0
+    assert manifest(tmp_path / "out")[0]["normalized_text"] == "twelve"
+    recipe.write_text("text_normalization: nvidia\n")
+    result = run([str(corpus), "-o", str(tmp_path / "out"), "--recipe", str(recipe)], tiny_checkpoints)
+    assert result.exit_code == 2 and "text_normalization must be one of reference, extended" in result.output
+
+
+def test_dropped_characters_are_recorded_and_only_lost_words_make_a_line_suspect(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\u201cQuoted,\u201d she said.\nTrending #tts \U0001F600\n[sic] *bold*\n###\n", encoding="utf-8")
+    result = run([str(corpus), "-o", str(tmp_path / "out")], tiny_checkpoints)
+    assert result.exit_code == 0, result.output
+    rows = manifest(tmp_path / "out")
+    assert [(r["status"], r["dropped"]) for r in rows] == [
+        ("ok", "\u201c\u201d"), ("suspect", "#\U0001F600"), ("ok", "[]*"), ("skipped", "#")]
+    assert rows[1]["reason"] == "characters the voice cannot say, left out: '#\U0001F600'"
+
+
+def test_lost_words_are_told_even_under_quiet(tmp_path, tiny_checkpoints):
+    """What the audio leaves out of its text changes the dataset: cron hears of it."""
+    done = quiet_run(tmp_path, "Hello there.\n50% off\n\u65e5\u672c\u8a9e\n".encode(), "--tacotron2",
+                     str(tiny_checkpoints[0]), "--waveglow", str(tiny_checkpoints[1]), "--no-check-alignment",
+                     "--text-normalization", "reference")
+    assert done.returncode == 0 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("tts-batch: warning: 2 lines with characters the voice cannot say (line 2: '%')"), line

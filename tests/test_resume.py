@@ -449,6 +449,7 @@ OTHER_VALUES = {
     "check_alignment": False,
     "retries": 3, "min_coverage": 0.7, "min_focus": 0.45, "max_forward_jump": 9, "max_backward_jump": 7,
     "end_margin": 4, "max_frames_per_symbol": 14.0,
+    "text_normalization": "reference",   # the same ids in both modes here: the rows still differ
 }
 
 

@@ -20,6 +20,7 @@ import click
 
 from tts_cli.config import (AUDIO_FORMATS, BATCH_SIZES, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
                             SAMPLE_FORMATS, ConfigError, load_settings)
+from tts_cli.text import NORMALIZATIONS
 from tts_cli.manifest import plural
 
 EXIT_LINE_ERRORS = 1
@@ -90,6 +91,10 @@ def _others_working() -> bool:
 @click.option("--format", "format_", type=click.Choice(CORPUS_FORMATS),
               help="Corpus format: plain lines (id = line number), ljspeech (id|text), tsv (id<TAB>text). "
                    f"{default_help('format')}")
+@click.option("--text-normalization", type=click.Choice(NORMALIZATIONS),
+              help="How text is read: reference is NVIDIA's english_cleaners exactly (parity with the "
+                   "published voice); extended also says percentages, times, e-mail and web addresses, "
+                   f"units, symbols and dates. {default_help('text_normalization')}")
 @click.option("--device", help=f"cuda, cuda:N or cpu. {default_help('device')}")
 @click.option("--precision", type=click.Choice(PRECISION_NAMES),
               help=f"Model dtype. {default_help('precision')}")
@@ -175,9 +180,11 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
         elif failed:   # a quiet run that fails says so: cron mails only what is printed
             click.echo(f"tts-batch: {_counts(summary)}; the manifest gives each line's reason: "
                        f"{out_dir / 'manifest.jsonl'}", err=True)
-        common = _common_failure(summary)
+        common, unsaid = _common_failure(summary), _unsaid(summary)
         if common is not None and (group is None or group.rank == 0):
             click.echo(f"tts-batch: {common}", err=True)
+        if unsaid is not None and (group is None or group.rank == 0):   # even under --quiet: a wrong label
+            click.echo(f"tts-batch: warning: {unsaid}", err=True)
         sys.exit(signals.exit_status or (EXIT_LINE_ERRORS if failed else 0))
 
 
@@ -303,6 +310,22 @@ def _common_failure(summary) -> str | None:
     if n < 2 or 2 * n <= len(summary.rows):
         return None
     return f"{n} of {len(summary.rows)} lines failed for one reason: {reason}"
+
+
+def _unsaid(summary) -> str | None:
+    """One line for the lines whose audio leaves out what their text says
+    (characters the voice cannot say, letters of another script): they are
+    suspect, and a dataset made from the output must hear of them."""
+    from tts_cli.text import foreign_letters, words_lost
+
+    unsaid = [(row.line, words_lost(row.dropped or "") or foreign_letters(row.text))
+              for row in summary.rows if row.audio_filepath]
+    unsaid = [(line, what) for line, what in unsaid if what]
+    if not unsaid:
+        return None
+    line, what = unsaid[0]
+    return (f"{plural(len(unsaid), 'line')} with characters the voice cannot say (line {line}: {what[:12]!r}), "
+            "marked suspect: the manifest's reasons name them")
 
 
 def _notices(quiet: bool):

@@ -18,6 +18,7 @@ import yaml
 
 from tts_cli.decode_rules import DecodeSettings
 from tts_cli.formats import AUDIO_FORMATS, CORPUS_FORMATS, FLAC_SAMPLE_FORMATS, SAMPLE_FORMATS, SHARD_SIZE
+from tts_cli.text import NORMALIZATIONS
 
 DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")
@@ -78,6 +79,8 @@ class Settings:
     save_mels: bool = False             # also write mels/<id>.npy
     shard_size: int = SHARD_SIZE        # a longer corpus goes into folders of this many lines; 0: flat (formats.Layout)
     format: str = "plain"               # corpus format: plain, ljspeech, tsv
+    text_normalization: str = "extended"  # reference: NVIDIA's cleaners exactly; extended: also percentages,
+                                          # times, addresses, units, symbols, dates (text.spoken_forms)
     device: str | None = None           # cuda, cuda:N, cpu; None: cuda where expected (devices.py)
     precision: str | None = None        # fp32, fp16, bf16; None: fp16 on CUDA, fp32 on CPU
     max_symbols_per_piece: int = 180    # longer lines are cut into pieces; 0 disables (splitting.py)
@@ -134,6 +137,8 @@ def _problems(s: Settings) -> list[tuple[str, str]]:
         ("sample_format", s.audio_format != "flac" or s.sample_format in FLAC_SAMPLE_FORMATS,
          f"FLAC stores integer samples: sample_format must be {' or '.join(FLAC_SAMPLE_FORMATS)} with flac"),
         ("format", s.format in CORPUS_FORMATS, f"format must be one of {', '.join(CORPUS_FORMATS)}"),
+        ("text_normalization", s.text_normalization in NORMALIZATIONS,
+         f"text_normalization must be one of {', '.join(NORMALIZATIONS)}"),
         ("precision", s.precision is None or s.precision in PRECISION_NAMES,
          f"precision must be one of {', '.join(PRECISION_NAMES)}"),
     ]

@@ -70,6 +70,11 @@ class ManifestRow:
     # the attempts made; a cut line's worst, with each piece's under "pieces".
     # None when the line was not synthesized or the run checked none.
     alignment: dict | None = None
+    # The characters of the line (outside ARPAbet braces) the front end could
+    # not say and left out, once each, in order: "%" under the reference
+    # normalization, quotes, an emoji (text.Reading.dropped). None when none
+    # were, or the line was not read.
+    dropped: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -90,11 +95,11 @@ class ManifestRow:
 
 
 def row_without_audio(u: Utterance, normalized: str, status: str, reason: str | None,
-         seed: int | None) -> ManifestRow:
+         seed: int | None, dropped: str | None = None) -> ManifestRow:
     """The row of a line that made no audio (skipped, or failed)."""
     return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=normalized,
                        audio_filepath=None, duration=0.0, num_samples=0, mel_frames=0,
-                       status=status, reason=reason, seed=seed, pieces=0)
+                       status=status, reason=reason, seed=seed, pieces=0, dropped=dropped)
 
 
 # Keys every manifest row must have; the fields with defaults are optional

@@ -436,7 +436,7 @@ class _Writer:
                            mel_frames=sum(r.frames for r in p.results), status=status,
                            reason=reason, clipped_samples=clipped, seed=self.run_seed,
                            mel_filepath=mel, pieces=len(p.results), key=p.key,
-                           alignment=_alignment_record(p.results, s))
+                           alignment=_alignment_record(p.results, s), dropped=p.dropped)
 
     def _piece_path(self, p: PendingLine, i: int) -> Path:
         return self.out_dir / PIECES_DIR / f"{p.utterance.id}.{i}.npz"

@@ -32,8 +32,9 @@ class PendingLine:
     key: str = ""
     results: list = field(default_factory=list)   # per piece: Result, Exception or None
     # why the audio cannot be what the text says, whatever the model does
-    # (letters of another script): the line is suspect with this reason
+    # (letters of another script, words left out): the line is suspect with this reason
     caution: str | None = None
+    dropped: str | None = None    # the characters the front end left out (text.Reading.dropped)
 
     @property
     def complete(self) -> bool:
@@ -49,23 +50,33 @@ def prepare_line(u: Utterance, run_seed: int, rows: dict[int, ManifestRow],
         rows[u.line] = row_without_audio(u, "", status, u.problem, None)
         return None
     try:
-        ids, normalized = frontend.normalize(u.text)
-        pieces = _pieces(u.text, ids, settings.max_symbols_per_piece)
+        reading = frontend.read(u.text, settings.text_normalization)
+        pieces = _pieces(u.text, reading.ids, settings)
     except frontend.UnsupportedTextError as e:
         rows[u.line] = row_without_audio(u, "", "error", str(e), None)
         return None
+    dropped = reading.dropped or None
     if not pieces:
-        rows[u.line] = row_without_audio(u, normalized, "skipped", "nothing speakable after cleaning", None)
+        rows[u.line] = row_without_audio(u, reading.text, "skipped", "nothing speakable after cleaning", None,
+                                         dropped)
         return None
     # Ids never contain "/", so a piece's or a retry's name cannot be another line's id.
     names = [u.id] if len(pieces) == 1 else [f"{u.id}/{i}" for i in range(len(pieces))]
     retries = settings.retries if settings.check_alignment else 0
-    foreign = frontend.foreign_letters(u.text)
-    caution = (f"letters of another script the voice cannot say ({foreign[:12]!r}), read as their Latin "
-               f"transliteration: {normalized[:40]!r}" if foreign else None)
-    return PendingLine(u, normalized, pieces, [line_seed(run_seed, name) for name in names],
+    return PendingLine(u, reading.text, pieces, [line_seed(run_seed, name) for name in names],
                        [retry_seeds(run_seed, name, retries) for name in names], results=[None] * len(pieces),
-                       caution=caution)
+                       caution=_caution(u.text, reading), dropped=dropped)
+
+
+def _caution(text: str, reading: frontend.Reading) -> str | None:
+    """Why the line's audio cannot say what its text does: letters of
+    another script, read as their transliteration; characters that stand
+    for words (%, @, an emoji), left out. None when neither."""
+    foreign, lost = frontend.foreign_letters(text), frontend.words_lost(reading.dropped)
+    reasons = [f"letters of another script the voice cannot say ({foreign[:12]!r}), read as their Latin "
+               f"transliteration: {reading.text[:40]!r}" if foreign else None,
+               f"characters the voice cannot say, left out: {lost[:12]!r}" if lost else None]
+    return "; ".join(filter(None, reasons)) or None
 
 
 def retry_seeds(run_seed: int, name: str, retries: int) -> list[int]:
@@ -75,13 +86,15 @@ def retry_seeds(run_seed: int, name: str, retries: int) -> list[int]:
     return [line_seed(run_seed, f"{name}/retry{k}") for k in range(1, retries + 1)]
 
 
-def _pieces(text: str, ids: list[int], max_symbols: int) -> list[list[int]]:
+def _pieces(text: str, ids: list[int], settings: Settings) -> list[list[int]]:
     """The ids of each piece to synthesize; pieces with nothing to say (a lone
     "...") are dropped, since the model would only babble."""
+    max_symbols = settings.max_symbols_per_piece
     if not max_symbols or len(ids) <= max_symbols:
         return [ids] if frontend.is_speakable(ids) else []
-    cut = split_text(text, max_symbols, lambda piece: len(frontend.normalize(piece)[0]))
-    pieces = [frontend.normalize(piece)[0] for piece in cut]
+    def piece_ids(piece: str) -> list[int]:
+        return frontend.text_to_sequence(piece, settings.text_normalization)
+    pieces = [piece_ids(piece) for piece in split_text(text, max_symbols, lambda piece: len(piece_ids(piece)))]
     return [p for p in pieces if frontend.is_speakable(p)]
 
 

@@ -3,7 +3,7 @@ may keep it.
 
 A line's key hashes everything that decides its audio (its symbol ids and
 how they were cut, its id, the seed, both checkpoint files' contents, every
-audio setting, device type and dtype). A re-run keeps a line's row and WAV
+audio setting, the text normalization, device type and dtype). A re-run keeps a line's row and WAV
 when the keys match and the WAV is whole, and its mel file with them when
 that is whole too; anything else is made again.
 """
@@ -40,8 +40,12 @@ def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
     files' fingerprint stands for all they decide, the sample rate and
     denoiser strength the WaveGlow file states included; the run's own
     settings are there as set (None: the voice's). So the keys are known
-    before torch is imported or any model loads."""
+    before torch is imported or any model loads. The text normalization
+    is there though the ids already hold what it changed: it also decides
+    the row (the characters dropped, and so the status), so a run in the
+    other mode makes every line again rather than keep rows it disowns."""
     return {"models": voice.fingerprint, "device": device_type(voice.device), "precision": voice.precision,
+            "text_normalization": settings.text_normalization,
             "sigma": settings.sigma, "denoiser_strength": settings.denoiser_strength,
             "max_decoder_steps": settings.max_decoder_steps,
             "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
