@@ -506,3 +506,18 @@ def test_lost_words_are_told_even_under_quiet(tmp_path, tiny_checkpoints):
     assert done.returncode == 0 and done.stdout == ""
     [line] = done.stderr.splitlines()
     assert line.startswith("tts-batch: warning: 2 lines with characters the voice cannot say (line 2: '%')"), line
+
+
+def test_a_line_with_no_audible_speech_is_suspect(tmp_path, tiny_checkpoints):
+    """The tiny voice's gate fires at the first frame: 11.6 ms of audio is
+    no speech, whatever the alignment's measures say of one symbol."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("A\n")
+    tacotron2, waveglow = tiny_checkpoints
+    result = CliRunner().invoke(main, [str(corpus), "-o", str(tmp_path / "out"), "--tacotron2", str(tacotron2),
+                                       "--waveglow", str(waveglow), "--device", "cpu", "--seed", "1", "-q"])
+    assert result.exit_code == 0, result.output
+    [row] = manifest(tmp_path / "out")
+    assert row["mel_frames"] == 1 and row["alignment"]["attempts"] == 1
+    assert (row["status"], row["reason"]) == (
+        "suspect", "no audible speech: the stop gate fired after 1 frame (fewer than 5)")

@@ -1,13 +1,14 @@
 """The corpus pipeline around the engine: what it holds on to while it runs."""
 import weakref
 
+import numpy as np
 import torch
 
 from tts_cli.bench import ForcedLengths
 from tts_cli.config import Settings
 from tts_cli.corpus import read_corpus
 from tts_cli.engine import Engine, SynthesisSettings
-from tts_cli.pipeline import synthesize_corpus
+from tts_cli.pipeline import synthesize_corpus, verdict
 from tts_cli.tacotron2 import DecodeSettings
 from tiny_models import tiny_tacotron2, tiny_waveglow
 
@@ -55,3 +56,31 @@ def test_without_a_batch_size_cpu_runs_batches_of_16_shortest_first(tmp_path):
     summary = synthesize_corpus(Settings(quiet=True, device="cpu"), read_corpus(corpus), tmp_path / "out",
                                 on_notice=lambda m: None, engine=ForcedLengths(engine, 0.1))
     assert summary.counts["ok"] == 40 and sizes == [8, 16, 16], "the shortest batch first on CPU"
+
+
+def _made(frames: int, checked: bool = True, truncated: bool = False):
+    """A piece as the engine hands it back, its alignment passing (or unchecked)."""
+    from tts_cli.alignment import Checked, Health
+    from tts_cli.engine import Result
+    health = Health(coverage=1.0, focus=0.9, backward_jump=0, forward_jump=1, symbols_left=0, gated=True,
+                    frames_per_symbol=5.0)
+    return Result(audio=np.zeros(frames * 256, np.float32), mel=None, frames=frames, truncated=truncated,
+                  checked=Checked(health, (), 1, 1) if checked else None)
+
+
+def test_a_piece_too_short_to_be_heard_makes_its_line_suspect():
+    assert verdict([_made(5)], 1000) == ("ok", None)
+    assert verdict([_made(4)], 1000) == ("suspect", "no audible speech: the stop gate fired after 4 frames "
+                                                    "(fewer than 5)")
+    assert verdict([_made(40), _made(2)], 1000) == (
+        "suspect", "no audible speech: the stop gate fired after 2 frames (fewer than 5) (piece 2 of 2)")
+    # the text's own caution comes first; a cut piece is truncated, whatever its length
+    assert verdict([_made(1)], 1000, "characters the voice cannot say, left out: '%'") == (
+        "suspect", "characters the voice cannot say, left out: '%'; no audible speech: the stop gate fired "
+                   "after 1 frame (fewer than 5)")
+    assert verdict([_made(3, truncated=True)], 3)[0] == "truncated"
+
+
+def test_a_run_that_checks_nothing_judges_no_length():
+    """--no-check-alignment: what the decoder made is not judged at all."""
+    assert verdict([_made(1, checked=False)], 1000) == ("ok", None)

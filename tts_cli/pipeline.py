@@ -25,6 +25,7 @@ from tts_cli.alignment import Checked, Thresholds, line_record, suspicion
 from tts_cli.audio import atomic_write, resample, write_audio, write_mel
 from tts_cli.config import BATCH_SIZES, SHORTEST_FIRST, Settings
 from tts_cli.coordination import PIECES_DIR, Alone, Share, Together, coordinator
+from tts_cli.decode_rules import MIN_SPEECH_FRAMES
 from tts_cli.corpus import Utterance
 from tts_cli.formats import Layout, is_shard_folder
 from tts_cli.devices import device_type, open_cuda_early
@@ -502,16 +503,21 @@ def failure_reason(e: Exception) -> str:
 
 def verdict(results: list[Result], max_steps: int, caution: str | None = None) -> tuple[str, str | None]:
     """A made line's status and reason: ``truncated`` when a piece reached
-    max_decoder_steps, ``suspect`` when a piece's kept attempt fails the
-    alignment checks or the text holds what the voice cannot say
-    (``caution``), else ``ok``."""
+    max_decoder_steps, ``suspect`` when the text holds what the voice cannot
+    say (``caution``), or, where the run checks what the decoder made, a
+    piece stopped too soon to be heard (MIN_SPEECH_FRAMES) or its kept
+    attempt fails the alignment checks; else ``ok``."""
     def where(pieces: list[int]) -> str:
         return f" (piece {', '.join(map(str, pieces))} of {len(results)})" if len(results) > 1 else ""
     cut = [n for n, r in enumerate(results, start=1) if r.truncated]
     if cut:
         return "truncated", f"reached max_decoder_steps ({max_steps}) without the stop gate firing{where(cut)}"
+    short = [n for n, r in enumerate(results, start=1) if r.checked is not None and r.frames < MIN_SPEECH_FRAMES]
+    fewest = min((results[n - 1].frames for n in short), default=0)
+    unheard = (f"no audible speech: the stop gate fired after {plural(fewest, 'frame')} "
+               f"(fewer than {MIN_SPEECH_FRAMES}){where(short)}" if short else None)
     reason = None if any(r.checked is None for r in results) else suspicion([r.checked for r in results])
-    reason = "; ".join(filter(None, (caution, reason)))
+    reason = "; ".join(filter(None, (caution, unheard, reason)))
     return ("suspect", reason) if reason else ("ok", None)
 
 
