@@ -521,3 +521,37 @@ def test_a_line_with_no_audible_speech_is_suspect(tmp_path, tiny_checkpoints):
     assert row["mel_frames"] == 1 and row["alignment"]["attempts"] == 1
     assert (row["status"], row["reason"]) == (
         "suspect", "no audible speech: the stop gate fired after 1 frame (fewer than 5)")
+
+
+def test_the_progress_bar_is_drawn_on_a_terminal_of_no_width(tmp_path, tiny_checkpoints):
+    """A pty nobody sized reports 0 columns (and COLUMNS=0 says the same):
+    the bar falls back to 80 columns instead of vanishing."""
+    pty = pytest.importorskip("pty")
+    import fcntl
+    import struct
+    import termios
+    (tmp_path / "corpus.txt").write_text("Hello there.\nA second line.\n")
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+    tacotron2, waveglow = tiny_checkpoints
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tts_cli", "corpus.txt", "-o", "out", "--device", "cpu", "--seed", "1",
+         "--max-decoder-steps", "12", "--no-check-alignment", "--tacotron2", str(tacotron2), "--waveglow",
+         str(waveglow)], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=follower,
+        env={**os.environ, "COLUMNS": "0",
+             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    os.close(follower)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:   # the process closed its end
+            break
+        if not chunk:
+            break
+        said += chunk
+    os.close(leader)
+    assert process.wait(timeout=300) == 0, said
+    bars = [part for part in said.decode(errors="replace").split("\r") if "2/2" in part]
+    assert bars and "100%|" in bars[-1] and "line" in bars[-1], said
+    assert len(bars[-1].rstrip("\r\n")) == 79, "80 columns, one left free"

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -370,15 +371,35 @@ def collect(jobs: list[Job], results: list[Result] | Exception, work: list[tuple
     return done, handed
 
 
+# The terminal's size where it reports none (0 x 0: a pty nobody sized).
+# tqdm would take 0 for the size and draw no bar at all.
+FALLBACK_SIZE = os.terminal_size((80, 24))
+
+
+def bar_size(stream) -> tuple[int | None, int | None]:
+    """(columns, rows) for a bar on ``stream``: its terminal's, each of
+    them FALLBACK_SIZE's where the terminal reports 0, less one (the last
+    column and row stay free, as tqdm leaves them); (None, None), tqdm's
+    own layout, when ``stream`` is not a terminal."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None, None
+    return ((size.columns or FALLBACK_SIZE.columns) - 1, (size.lines or FALLBACK_SIZE.lines) - 1)
+
+
 class _Progress:
-    """The progress bar: lines, audio seconds, speed."""
+    """The progress bar on stderr: lines, audio seconds, speed. Its size
+    follows the terminal's at every update (bar_size)."""
 
     def __init__(self, total: int, quiet: bool):
-        self.bar = tqdm(total=total, unit="line", disable=quiet, dynamic_ncols=True)
+        columns, rows = bar_size(sys.stderr)
+        self.bar = tqdm(total=total, unit="line", disable=quiet, file=sys.stderr, ncols=columns, nrows=rows)
         self.started, self.audio_seconds = time.perf_counter(), 0.0
 
     def update(self, lines: int, audio_seconds: float) -> None:
         self.audio_seconds += audio_seconds
+        self.bar.ncols, self.bar.nrows = bar_size(sys.stderr)
         self.bar.update(lines)
         elapsed = time.perf_counter() - self.started
         self.bar.set_postfix(audio=f"{self.audio_seconds:.0f}s",
