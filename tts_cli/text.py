@@ -17,8 +17,13 @@ Pipeline for plain text, in this order:
 
 Text may embed ARPAbet inside curly braces, ``"Turn left on {HH AW1 S} St."``;
 the brace contents bypass cleaning and map to ``@``-prefixed phone symbols.
-Characters with no symbol are dropped silently, and no end-of-sequence id is
-appended.
+Characters with no symbol are dropped (``read`` names them), and no
+end-of-sequence id is appended.
+
+That is the "reference" normalization, these functions' default. The
+"extended" one (a run's default, ``--text-normalization``) first writes out
+what the reference drops or mangles, such as "12%" or "7:30"
+(``spoken_forms``), then cleans the same way.
 
 Pure Python: importing this module does no file I/O and does not import
 inflect; the number speller is created on first use and then reused.
