@@ -421,27 +421,10 @@ def test_resume_keys_need_neither_the_engine_nor_the_voice_loader():
 
 # --- what the key covers -----------------------------------------------------------------------
 
-# Settings that cannot change a line's audio or which attempt it keeps, and
-# why. Every other setting must change the key (the test below), so a new
-# option fails it until it is put in the key or here.
-NOT_IN_THE_KEY = {
-    "tacotron2": "the files are in the key by their contents (the voice's fingerprint), not their paths",
-    "waveglow": "as tacotron2",
-    "seed": "the run seed goes into each line's key beside the identity (line_key)",
-    "batch_size": "a line's audio does not depend on the batch that made it",
-    "waveglow_memory": "WaveGlow runs slices of whole lines: a line's audio does not depend on it",
-    "format": "how the corpus is read; what a line says is in its ids",
-    "device": "in the key as the device type the voice resolved to",
-    "precision": "in the key as the precision the voice resolved to",
-    "max_symbols_per_piece": "where a line is cut is in its pieces' ids",
-    "piece_pause": "in the key of a cut line only (line_key), tested below",
-    "save_mels": "writes a mel beside the WAV; the WAV is the same",
-    "shard_size": "which folder a line's files go in; a row from another layout keeps its paths",
-    "strict": "the exit status only",
-    "force": "redoes every line whatever the keys",
-    "prune": "removes files no row names; a line's audio is the same",
-    "quiet": "what is printed only",
-}
+# config.NOT_IN_THE_RESUME_KEY names the settings that cannot change a
+# line's audio or which attempt it keeps, and why. Every other setting must
+# change the key (the test below), so a new option fails it until it is
+# given a value here or listed there.
 # Another valid value for each setting the key must cover.
 OTHER_VALUES = {
     "sample_rate": 16000, "sigma": 0.5, "denoiser_strength": 0.02, "max_decoder_steps": 999,
@@ -461,7 +444,7 @@ def a_voice(**changes):
 
 
 def test_every_setting_changes_the_resume_key_unless_listed_as_not_changing_audio():
-    from tts_cli.config import Settings
+    from tts_cli.config import NOT_IN_THE_RESUME_KEY as NOT_IN_THE_KEY, Settings
     from tts_cli.resume import audio_identity, line_key
     fields = {f.name for f in dataclasses.fields(Settings)}
     assert set(NOT_IN_THE_KEY) | set(OTHER_VALUES) == fields, "classify every setting: in the key or not"

@@ -226,6 +226,31 @@ def _check_type(where: str, key: str, value: Any) -> None:
         raise ConfigError(f"{where}: {key} must be {base}, got {value!r}")
 
 
+# Settings that do not change a line's audio, and why; every other setting
+# is in each line's resume key (resume.audio_identity), so a new one is too
+# unless it is listed here.
+NOT_IN_THE_RESUME_KEY = {
+    "tacotron2": "the files are in the key by their contents (the voice's fingerprint), not their paths",
+    "waveglow": "as tacotron2",
+    "seed": "the run seed goes into each line's key beside the identity (resume.line_key)",
+    "batch_size": "a line's audio does not depend on the batch that made it",
+    "waveglow_memory": "WaveGlow runs slices of whole lines: a line's audio does not depend on it",
+    "format": "how the corpus is read; what a line says is in its ids",
+    "device": "in the key as the device type the voice resolved to",
+    "precision": "in the key as the precision the voice resolved to",
+    "max_symbols_per_piece": "where a line is cut is in its pieces' ids",
+    "piece_pause": "in the key of a cut line only (resume.line_key)",
+    "save_mels": "writes a mel beside the WAV; the WAV is the same",
+    "shard_size": "which folder a line's files go in; a row from another layout keeps its paths",
+    "strict": "the exit status only",
+    "force": "redoes every line whatever the keys",
+    "prune": "removes files no row names; a line's audio is the same",
+    "quiet": "what is printed only",
+}
+# The alignment checks' settings: in the key together, and only when the run checks.
+ALIGNMENT_SETTINGS = ("check_alignment", "retries", "min_coverage", "min_focus", "max_forward_jump",
+                      "max_backward_jump", "end_margin", "max_frames_per_symbol")
+
 # Settings that decide what the loaded models make, so a ``Synthesizer``
 # takes them when it loads (the engine is built from them); the others are
 # the run's own.

@@ -20,7 +20,7 @@ import numpy as np
 import soundfile as sf
 
 from tts_cli.alignment import Thresholds
-from tts_cli.config import Settings
+from tts_cli.config import ALIGNMENT_SETTINGS, NOT_IN_THE_RESUME_KEY, Settings
 from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
@@ -36,7 +36,8 @@ REUSABLE = ("ok", "suspect", "truncated")
 
 
 def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
-    """Everything besides a line's ids and seed that changes its audio. The
+    """Everything besides a line's ids and seed that changes its audio:
+    every setting but those config.NOT_IN_THE_RESUME_KEY lists. The
     files' fingerprint stands for all they decide, the sample rate and
     denoiser strength the WaveGlow file states included; the run's own
     settings are there as set (None: the voice's). So the keys are known
@@ -44,14 +45,10 @@ def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
     is there though the ids already hold what it changed: it also decides
     the row (the characters dropped, and so the status), so a run in the
     other mode makes every line again rather than keep rows it disowns."""
+    identity = {name: value for name, value in dataclasses.asdict(settings).items()
+                if name not in NOT_IN_THE_RESUME_KEY and name not in ALIGNMENT_SETTINGS}
     return {"models": voice.fingerprint, "device": device_type(voice.device), "precision": voice.precision,
-            "text_normalization": settings.text_normalization,
-            "sigma": settings.sigma, "denoiser_strength": settings.denoiser_strength,
-            "max_decoder_steps": settings.max_decoder_steps,
-            "gate_threshold": settings.gate_threshold, "prenet_dropout": settings.prenet_dropout,
-            "sample_rate": settings.sample_rate, "sample_format": settings.sample_format,
-            "audio_format": settings.audio_format,
-            "alignment": _alignment_identity(settings)}
+            **identity, "alignment": _alignment_identity(settings)}
 
 
 def _alignment_identity(settings: Settings) -> dict | None:
