@@ -20,7 +20,7 @@ import click
 
 from tts_cli.config import (AUDIO_FORMATS, BATCH_SIZES, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
                             SAMPLE_FORMATS, ConfigError, load_settings)
-from tts_cli.text import NORMALIZATIONS
+from tts_cli.formats import NORMALIZATIONS
 from tts_cli.manifest import plural
 
 EXIT_LINE_ERRORS = 1

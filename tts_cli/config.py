@@ -17,8 +17,7 @@ from typing import Any
 import yaml
 
 from tts_cli.decode_rules import DecodeSettings
-from tts_cli.formats import AUDIO_FORMATS, CORPUS_FORMATS, FLAC_SAMPLE_FORMATS, SAMPLE_FORMATS, SHARD_SIZE
-from tts_cli.text import NORMALIZATIONS
+from tts_cli.formats import AUDIO_FORMATS, CORPUS_FORMATS, FLAC_SAMPLE_FORMATS, NORMALIZATIONS, SAMPLE_FORMATS, SHARD_SIZE
 
 DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")

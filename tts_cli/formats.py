@@ -13,6 +13,10 @@ from dataclasses import dataclass
 CORPUS_FORMATS = ("plain", "ljspeech", "tsv")
 SAMPLE_FORMATS = ("pcm16", "pcm24", "float32")
 AUDIO_FORMATS = ("wav", "flac")
+# How a run reads its text: "reference" is NVIDIA's english_cleaners exactly
+# (parity with the published voice); "extended" first writes out, in words,
+# what those cleaners drop or mangle (spoken_forms.py), then cleans alike.
+NORMALIZATIONS = ("reference", "extended")
 # FLAC stores integer samples only.
 FLAC_SAMPLE_FORMATS = ("pcm16", "pcm24")
 
