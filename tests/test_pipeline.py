@@ -8,7 +8,8 @@ from tts_cli.bench import ForcedLengths
 from tts_cli.config import Settings
 from tts_cli.corpus import read_corpus
 from tts_cli.engine import Engine, SynthesisSettings
-from tts_cli.pipeline import synthesize_corpus, verdict
+from tts_cli.pipeline import synthesize_corpus
+from tts_cli.writing import verdict
 from tts_cli.tacotron2 import DecodeSettings
 from tiny_models import tiny_tacotron2, tiny_waveglow
 

@@ -111,7 +111,8 @@ class Synthesizer:
         ValueError naming it before anything is synthesized. A text whose
         audio is suspect or truncated comes back with a warning saying why,
         as the manifest would; one that fails raises ``engine.SynthesisError``."""
-        from tts_cli.pipeline import collect, failure_reason, jobs_of, joined_audio, verdict
+        from tts_cli.pipeline import collect, jobs_of
+        from tts_cli.writing import failure_reason, joined_audio, verdict
         from tts_cli.planning import batch_plan, prepare_line
 
         utterances = utterances_from_texts(list(texts))
