@@ -346,9 +346,10 @@ def test_the_manifest_is_rewritten_once_the_checkpoint_interval_has_passed(tmp_p
 
 def test_a_line_not_made_yet_is_a_pending_row_saying_how_to_finish_with_its_text_so_far(tmp_path):
     checkpoint, _ = _checkpoint(tmp_path, 3)
-    checkpoint.pending_normalized[2] = "line two"
+    checkpoint.pending_said[2] = "line two", "%"
     rows = checkpoint.ordered()
     assert [row.normalized_text for row in rows] == ["", "line two", ""]
+    assert [row.dropped for row in rows] == [None, "%", None], "a pending row names what its line left unsaid"
     assert {(row.status, row.reason, row.seed, row.audio_filepath) for row in rows} == {
         ("pending", "not synthesized yet: the run is still making lines, or stopped first; the same command "
                     "again finishes it", 3, None)}

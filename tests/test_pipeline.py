@@ -85,3 +85,15 @@ def test_a_piece_too_short_to_be_heard_makes_its_line_suspect():
 def test_a_run_that_checks_nothing_judges_no_length():
     """--no-check-alignment: what the decoder made is not judged at all."""
     assert verdict([_made(1, checked=False)], 1000) == ("ok", None)
+
+
+def test_a_line_that_failed_still_names_the_characters_its_text_left_unsaid(tmp_path):
+    from tts_cli.config import Settings
+    from tts_cli.corpus import Utterance
+    from tts_cli.formats import Layout
+    from tts_cli.planning import PendingLine
+    from tts_cli.writing import LineWriter
+    line = PendingLine(Utterance(line=1, id="a", text="50% off"), "fifty off", [[5, 6]], [1],
+                       results=[RuntimeError("out of memory")], dropped="%")
+    row = LineWriter(Settings(), Layout("wav"), tmp_path, 1, 22050).write(line)
+    assert (row.status, row.dropped, row.audio_filepath) == ("error", "%", None)

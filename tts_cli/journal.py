@@ -33,7 +33,8 @@ class ManifestJournal:
         self.only = only
         self.saved_at = 0.0
         self.save_seconds = 0.0
-        self.pending_normalized: dict[int, str] = {}
+        # line -> (normalized text, characters dropped) of the lines this run makes
+        self.pending_said: dict[int, tuple[str, str | None]] = {}
         # line -> (row, its JSON line): rows never change once made, so each
         # is serialized once however often the manifest is rewritten.
         self._serialized: dict[int, tuple[ManifestRow, str]] = {}
@@ -44,12 +45,12 @@ class ManifestJournal:
 
     def _unfinished(self, u: Utterance) -> ManifestRow:
         """The row of a line not done yet (kept, so it is serialized once)."""
-        normalized = self.pending_normalized.get(u.line, "")
+        normalized, dropped = self.pending_said.get(u.line, ("", None))
         row = self._placeholders.get(u.line)
         if row is None or row.normalized_text != normalized:
             row = self._placeholders[u.line] = row_without_audio(
                 u, normalized, "pending", "not synthesized yet: the run is still making lines, or stopped "
-                "first; the same command again finishes it", self.seed)
+                "first; the same command again finishes it", self.seed, dropped)
         return row
 
     def _json_lines(self, rows: list[ManifestRow]) -> list[str]:

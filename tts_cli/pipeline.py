@@ -302,7 +302,7 @@ def _run_batches(engine: Engine, share: Share, settings: Settings, writer: "Line
     write that fails (no space, permissions, an I/O error) ends the run:
     the work in flight is dropped, the rows of the lines written are saved."""
     for p in share.lines:
-        checkpoint.pending_normalized[p.utterance.line] = p.normalized
+        checkpoint.pending_said[p.utterance.line] = p.normalized, p.dropped
     job_batches, work = jobs_of(share.batches)
     failure: OSError | None = None
     progress = _Progress(len(share.lines), settings.quiet)

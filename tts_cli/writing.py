@@ -39,10 +39,11 @@ class LineWriter:
         u, s = p.utterance, self.settings
         failed = [r for r in p.results if isinstance(r, Exception)]
         if failed:
-            return row_without_audio(u, p.normalized, "error", failure_reason(failed[0]), self.run_seed)
+            return row_without_audio(u, p.normalized, "error", failure_reason(failed[0]), self.run_seed, p.dropped)
         audio = joined_audio([r.audio for r in p.results], s, self.model_rate)
         if not np.isfinite(audio).all():
-            return row_without_audio(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed)
+            return row_without_audio(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed,
+                                     p.dropped)
         wav = self.layout.audio(u.id, u.line)
         mel = self.layout.mel(u.id, u.line) if s.save_mels else None
         try:
