@@ -509,6 +509,28 @@ def test_a_row_that_says_its_audio_lasts_no_time_is_made_again(tmp_path):
     assert verdict(tmp_path, duration=0.0) is None
 
 
+def test_a_row_that_records_its_files_size_is_checked_by_it_and_one_without_by_the_header(tmp_path):
+    assert verdict(tmp_path).audio_filepath == "wavs/a.wav"        # an older row: no size, the header read
+    size = (tmp_path / "wavs" / "a.wav").stat().st_size
+    assert verdict(tmp_path, audio_bytes=size).audio_filepath == "wavs/a.wav"
+    assert verdict(tmp_path, audio_bytes=size + 1) is None
+    (tmp_path / "wavs" / "a.wav").unlink()
+    (tmp_path / "wavs" / "a.wav").mkdir()
+    from tts_cli.corpus import Utterance
+    from tts_cli.resume import reusable_row
+    row = {"id": "a", "line": 1, "text": "Hi.", "normalized_text": "hi.", "audio_filepath": "wavs/a.wav",
+           "duration": 0.1, "num_samples": 100, "mel_frames": 7, "status": "ok", "reason": None, "key": "k",
+           "audio_bytes": (tmp_path / "wavs" / "a.wav").stat().st_size}
+    assert reusable_row(row, "k", Utterance(1, "a", "Hi."), tmp_path, Settings()) is None, "a folder is no WAV"
+
+
+def test_rows_record_the_size_their_files_were_written_at(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    assert synth(write(tmp_path, LINES), out, tiny_checkpoints).exit_code == 0
+    made = [row for row in manifest(out) if row["audio_filepath"]]
+    assert made and all(row["audio_bytes"] == (out / row["audio_filepath"]).stat().st_size for row in made)
+
+
 @pytest.mark.parametrize("mel", [np.zeros((80, 7), dtype=np.float64), np.zeros(7, dtype=np.float32)])
 def test_a_mel_file_that_is_not_a_2d_float32_array_is_not_vouched_for(tmp_path, mel):
     assert verdict(tmp_path).mel_filepath == "mels/a.npy"

@@ -75,6 +75,9 @@ class ManifestRow:
     # normalization, quotes, an emoji (text.Reading.dropped). None when none
     # were, or the line was not read.
     dropped: str | None = None
+    # Size of the audio file in bytes as written: a re-run checks the file
+    # against it with one stat (rows without it: by reading the header).
+    audio_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -85,13 +88,16 @@ class ManifestRow:
 
     def to_json(self) -> str:
         """Serialize as one JSON line (no newline), keys in field order."""
-        record = dataclasses.asdict(self)
+        record = {name: getattr(self, name) for name in _FIELD_NAMES}   # shallow: asdict deep-copies
         record["duration"] = round(float(self.duration), 6)
         # allow_nan=False: NaN is not JSON and would break strict readers.
         text = json.dumps(record, ensure_ascii=False, allow_nan=False, default=_numpy_scalar_to_python)
         for character, escape in _LINE_BREAKING_CHARACTERS.items():
             text = text.replace(character, escape)
         return text
+
+
+_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(ManifestRow))
 
 
 def row_without_audio(u: Utterance, normalized: str, status: str, reason: str | None,

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import secrets
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -119,7 +120,7 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
         return None
     wav, mel = old["audio_filepath"], old.get("mel_filepath")
     if (not isinstance(wav, str) or not names_a_place_for(wav, "wavs", f"{u.id}.{settings.audio_format}")
-            or not _whole_wav(out_dir / wav, old["num_samples"], old["duration"])):
+            or not _whole_audio(out_dir / wav, old["num_samples"], old["duration"], old.get("audio_bytes"))):
         return None
     if (not isinstance(mel, str) or not names_a_place_for(mel, "mels", f"{u.id}.npy")
             or _mel_frames(out_dir / mel) != old["mel_frames"]):
@@ -131,9 +132,17 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
     return dataclasses.replace(row, line=u.line, text=u.text, mel_filepath=mel)
 
 
-def _whole_wav(path: Path, samples: int, duration: float) -> bool:
-    """The WAV is there with the row's samples at the row's rate (samples
-    over duration: the row was written at the rate the key vouches for)."""
+def _whole_audio(path: Path, samples: int, duration: float, size: int | None) -> bool:
+    """The audio file is there as the row says: at the size it was written
+    at, where the row records that (one stat); else, by its header, with
+    the row's samples at the row's rate (samples over duration: the row
+    was written at the rate the key vouches for)."""
+    if isinstance(size, int):
+        try:
+            found = path.stat()
+        except OSError:   # missing: make it again
+            return False
+        return stat.S_ISREG(found.st_mode) and found.st_size == size
     try:
         info = sf.info(str(path))
     except (RuntimeError, OSError):   # missing or unreadable: make it again

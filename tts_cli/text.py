@@ -450,6 +450,8 @@ def foreign_letters(text: str) -> str:
     """The letters of ``text`` that are not of the Latin script, once each,
     in order: the front end reads them through their ASCII transliteration
     (日本語 as "ri ben yu"), which is not what the text says."""
+    if text.isascii():
+        return ""
     seen: dict[str, None] = {}
     for char in text:
         if unicodedata.category(char).startswith("L") and not unicodedata.name(char, "").startswith("LATIN"):

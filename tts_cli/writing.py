@@ -55,6 +55,7 @@ class LineWriter:
                 (self.out_dir / mel).parent.mkdir(parents=True, exist_ok=True)
             (self.out_dir / wav).parent.mkdir(parents=True, exist_ok=True)
             clipped = write_audio(self.out_dir / wav, audio, s.sample_rate, s.sample_format, s.audio_format)
+            audio_bytes = (self.out_dir / wav).stat().st_size
             if mel is not None:
                 write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))
         except OSError:
@@ -71,7 +72,8 @@ class LineWriter:
                            mel_frames=sum(r.frames for r in p.results), status=status,
                            reason=reason, clipped_samples=clipped, seed=self.run_seed,
                            mel_filepath=mel, pieces=len(p.results), key=p.key,
-                           alignment=_alignment_record(p.results, s), dropped=p.dropped)
+                           alignment=_alignment_record(p.results, s), dropped=p.dropped,
+                           audio_bytes=audio_bytes)
 
     def _piece_path(self, p: PendingLine, i: int) -> Path:
         return self.out_dir / PIECES_DIR / f"{p.utterance.id}.{i}.npz"
