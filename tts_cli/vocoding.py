@@ -116,7 +116,7 @@ class Vocoding:
         seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
         audio = self.vocode(mel, frames, seeds)     # (B, F*hop) float32
         if self.denoiser is not None:
-            audio = self._denoise(audio, frames * self.hop_length, counts)
+            audio = self._denoise(audio, frames * self.hop_length)
         # One copy of the whole batch each: per-item copies would stall the stream.
         overlap = self.device.type == "cuda"
         audio = _to_host(audio, overlap)
@@ -132,7 +132,7 @@ class Vocoding:
                        frames=n, truncated=launched.cut[i], checked=launched.jobs[i].checked)
                 for i, n in enumerate(launched.counts)]
 
-    def _denoise(self, audio: torch.Tensor, samples: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def _denoise(self, audio: torch.Tensor, samples: torch.Tensor) -> torch.Tensor:
         """The denoiser over a batch's audio, each item on its own samples,
         in slices of items (its spectra take ~64 bytes per sample)."""
         strength = self.settings.denoiser_strength
