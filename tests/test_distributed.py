@@ -262,6 +262,15 @@ def test_a_fixed_gpu_under_torchrun_is_one_line_naming_what_to_pass(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_webdataset_layout_under_torchrun_is_one_line_naming_what_to_do(tmp_path, tiny_checkpoints):
+    corpus = write(tmp_path / "corpus.txt", LINES[:1])
+    result = CliRunner().invoke(main, [*arguments(corpus, tmp_path / "out", tiny_checkpoints), "--layout",
+                                       "webdataset"], env={"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"})
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "writes its tar shards from one process" in result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_process_that_cannot_join_the_job_is_one_line_naming_torchrun(tmp_path, tiny_checkpoints):
     corpus = write(tmp_path / "corpus.txt", LINES[:1])
     result = CliRunner().invoke(main, arguments(corpus, tmp_path / "out", tiny_checkpoints),

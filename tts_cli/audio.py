@@ -39,12 +39,23 @@ class WriteError(OSError):
 def write_audio(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
                 sample_format: str = "pcm16", audio_format: str = "wav") -> int:
     """Write mono ``audio`` (floats, nominally in [-1, 1]) at ``path`` as a
-    WAV or FLAC file (``audio_format``).
+    WAV or FLAC file (``audio_format``), atomically (``encode_audio`` says
+    how). Returns the number of samples clipped."""
+    data, clipped = encode_audio(audio, sample_rate, sample_format, audio_format, path)
+    with atomic_write(path) as temp_path:
+        with open(temp_path, "wb") as audio_file:
+            audio_file.write(data)
+    return clipped
 
-    Returns the number of samples that were clipped: for ``pcm16`` and
-    ``pcm24`` the samples with magnitude above 1.0, which are clamped to full
-    scale; for ``float32`` (WAV only) always 0, because float WAV stores the
-    values unchanged.
+
+def encode_audio(audio: np.ndarray, sample_rate: int, sample_format: str = "pcm16", audio_format: str = "wav",
+                 name: str | os.PathLike = "audio") -> tuple[bytes, int]:
+    """Mono ``audio`` (floats, nominally in [-1, 1]) as the bytes of a WAV or
+    FLAC file (``audio_format``), and the number of samples that were
+    clipped: for ``pcm16`` and ``pcm24`` the samples with magnitude above
+    1.0, which are clamped to full scale; for ``float32`` (WAV only) always
+    0, because float WAV stores the values unchanged. ``name`` names the
+    file in errors.
     """
     if sample_format not in SAMPLE_FORMATS:
         raise ValueError(f"unknown sample format {sample_format!r}; use one of: {', '.join(SAMPLE_FORMATS)}")
@@ -52,10 +63,10 @@ def write_audio(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
         raise ValueError(f"unknown audio format {audio_format!r}; use one of: {', '.join(AUDIO_FORMATS)}")
     if audio_format == "flac" and sample_format not in FLAC_SAMPLE_FORMATS:
         raise ValueError(f"FLAC stores integer samples: use sample format {' or '.join(FLAC_SAMPLE_FORMATS)}")
-    _check_sample_rate(sample_rate, path)
-    samples = _as_mono_float(audio, path)
+    _check_sample_rate(sample_rate, name)
+    samples = _as_mono_float(audio, name)
     if sample_format in _PCM:
-        _check_finite(samples, path)
+        _check_finite(samples, name)
         data, clipped = _to_pcm(samples, sample_format)
         subtype = _PCM[sample_format][0]
     else:
@@ -64,17 +75,14 @@ def write_audio(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
         # so the overflow warning is silenced here and reported as an error below.
         with np.errstate(over="ignore"):
             data, clipped = samples.astype(np.float32), 0
-        _check_finite(data, path)
+        _check_finite(data, name)
         subtype = "FLOAT"
     encoded = io.BytesIO()
     try:
         sf.write(encoded, data, sample_rate, subtype=subtype, format=audio_format.upper())
     except sf.SoundFileError as e:
-        raise WriteError(None, f"libsndfile: {e}", os.fspath(path)) from e
-    with atomic_write(path) as temp_path:
-        with open(temp_path, "wb") as audio_file:
-            audio_file.write(encoded.getbuffer())
-    return clipped
+        raise WriteError(None, f"libsndfile: {e}", os.fspath(name)) from e
+    return encoded.getvalue(), clipped
 
 
 def _to_pcm(samples: np.ndarray, sample_format: str) -> tuple[np.ndarray, int]:
@@ -108,14 +116,20 @@ def resample(audio: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
 
 def write_mel(path: str | os.PathLike, mel: np.ndarray) -> None:
     """Write a mel spectrogram ``[n_mel, frames]`` as a float32 ``.npy`` file."""
+    data = encode_mel(mel, path)
+    with atomic_write(path) as temp_path:
+        with open(temp_path, "wb") as mel_file:
+            mel_file.write(data)
+
+
+def encode_mel(mel: np.ndarray, name: str | os.PathLike = "mel") -> bytes:
+    """A mel spectrogram ``[n_mel, frames]`` as the bytes of a float32 ``.npy`` file."""
     array = np.asarray(mel, dtype=np.float32)
     if array.ndim != 2:
-        raise ValueError(f"{os.fspath(path)}: mel must be 2-D [n_mel, frames], got shape {array.shape}")
-    with atomic_write(path) as temp_path:
-        # Save through an open file: np.save(<name>) would append '.npy' to the
-        # temporary name and the rename would then find nothing to move.
-        with open(temp_path, "wb") as mel_file:
-            np.save(mel_file, array, allow_pickle=False)
+        raise ValueError(f"{os.fspath(name)}: mel must be 2-D [n_mel, frames], got shape {array.shape}")
+    encoded = io.BytesIO()
+    np.save(encoded, array, allow_pickle=False)
+    return encoded.getvalue()
 
 
 @contextmanager

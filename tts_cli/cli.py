@@ -20,7 +20,7 @@ import click
 
 from tts_cli.config import (AUDIO_FORMATS, BATCH_SIZES, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
                             SAMPLE_FORMATS, ConfigError, load_settings)
-from tts_cli.formats import NORMALIZATIONS
+from tts_cli.formats import LAYOUTS, NORMALIZATIONS
 from tts_cli.manifest import plural
 
 EXIT_LINE_ERRORS = 1
@@ -120,6 +120,9 @@ def _others_working() -> bool:
 @click.option("--audio-format", type=click.Choice(AUDIO_FORMATS),
               help=f"Audio file format, wavs/<id>.wav or .flac. {default_help('audio_format')}")
 @click.option("--save-mels", is_flag=True, default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")
+@click.option("--layout", type=click.Choice(LAYOUTS),
+              help="files: one audio file a line in wavs/; webdataset: each line's audio and row in tar "
+                   f"shards of about 1 GB in shards/, as WebDataset reads them. {default_help('layout')}")
 @click.option("--shard-size", type=click.IntRange(min=0), metavar="N",
               help="A corpus of more than N lines writes wavs/ and mels/ in numbered folders of N lines each "
                    f"(wavs/00000/, wavs/00001/, ... in corpus order); 0 keeps one folder. "
@@ -234,6 +237,9 @@ def _synth(settings, utterances, out_dir, signals):
     group, joined, ends = None, contextlib.nullcontext(), (FatalError,)
     if _under_torchrun():   # torch.distributed; a run on its own does not import torch until it has work
         from tts_cli import distributed
+        if settings.layout == "webdataset":
+            from tts_cli.tarshards import ONE_PROCESS
+            fatal(ONE_PROCESS)
         try:
             group = distributed.from_environment()
             settings = _for_rank(settings, group)

@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 
 from tts_cli.decode_rules import DecodeSettings
-from tts_cli.formats import AUDIO_FORMATS, CORPUS_FORMATS, FLAC_SAMPLE_FORMATS, NORMALIZATIONS, SAMPLE_FORMATS, SHARD_SIZE
+from tts_cli.formats import (AUDIO_FORMATS, CORPUS_FORMATS, FLAC_SAMPLE_FORMATS, LAYOUTS, NORMALIZATIONS, SAMPLE_FORMATS,
+                             SHARD_SIZE)
 
 DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")
@@ -76,6 +77,7 @@ class Settings:
     sample_format: str = "pcm16"        # pcm16, pcm24 or float32 (WAV only)
     audio_format: str = "wav"           # wav or flac
     save_mels: bool = False             # also write mels/<id>.npy
+    layout: str = "files"               # files (wavs/) or webdataset (tar shards in shards/; tarshards.py)
     shard_size: int = SHARD_SIZE        # a longer corpus goes into folders of this many lines; 0: flat (formats.Layout)
     format: str = "plain"               # corpus format: plain, ljspeech, tsv
     text_normalization: str = "extended"  # reference: NVIDIA's cleaners exactly; extended: also percentages,
@@ -122,6 +124,7 @@ def _problems(s: Settings) -> list[tuple[str, str]]:
          "max_symbols_per_piece must be >= 0 (0 disables splitting)"),
         ("piece_pause", 0 <= s.piece_pause <= 10, "piece_pause must be between 0 and 10 seconds"),
         ("waveglow_memory", s.waveglow_memory is None or s.waveglow_memory > 0, "waveglow_memory must be > 0"),
+        ("layout", s.layout in LAYOUTS, f"layout must be one of {', '.join(LAYOUTS)}"),
         ("shard_size", s.shard_size >= 0, "shard_size must be >= 0 (0 keeps every file in one folder)"),
         ("retries", 0 <= s.retries <= 20, "retries must be between 0 and 20"),
         ("min_coverage", 0 <= s.min_coverage <= 1, "min_coverage must be between 0 and 1"),
@@ -241,6 +244,7 @@ NOT_IN_THE_RESUME_KEY = {
     "piece_pause": "in the key of a cut line only (resume.line_key)",
     "save_mels": "writes a mel beside the WAV; the WAV is the same",
     "shard_size": "which folder a line's files go in; a row from another layout keeps its paths",
+    "layout": "where a line's audio is kept; a re-run keeps only rows whose audio is where this layout puts it",
     "strict": "the exit status only",
     "force": "redoes every line whatever the keys",
     "prune": "removes files no row names; a line's audio is the same",

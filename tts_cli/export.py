@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tts_cli.audio import atomic_write
 from tts_cli.manifest import read_manifest
+from tts_cli.tarshards import shard_of
 
 EXPORTS = ("hf", "lhotse", "kaldi")
 # Kaldi and Lhotse want a speaker per utterance: all lines share the voice.
@@ -31,6 +32,10 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
     out_dir = out_dir.resolve()
     rows = sorted((row for row in read_manifest(out_dir / "manifest.jsonl") if row["status"] in wanted),
                   key=lambda row: row["id"])
+    in_shards = [row["id"] for row in rows if shard_of(row["audio_filepath"] or "")]
+    if in_shards:
+        raise ValueError(f"{out_dir}: {len(in_shards)} lines (e.g. {in_shards[0]}) are in tar shards "
+                         "(--layout webdataset), which WebDataset reads as they are; these exports name files")
     writers: dict[str, Callable[[Path, list[dict]], list[Path]]] = {
         "hf": _huggingface, "lhotse": _lhotse, "kaldi": _kaldi}
     return {name: writers[name](out_dir, rows) for name in formats}

@@ -21,6 +21,12 @@ NORMALIZATIONS = ("reference", "extended")
 FLAC_SAMPLE_FORMATS = ("pcm16", "pcm24")
 
 
+# Where a line's files go: "files", one file each in wavs/ (and mels/); or
+# "webdataset", the line's members in tar shards in shards/ (tarshards.py).
+LAYOUTS = ("files", "webdataset")
+# A webdataset shard is finished once it holds this many bytes or more.
+TAR_SHARD_BYTES = 10 ** 9
+
 # Lines in one folder of wavs/ and of mels/ at most, by default: the Hugging
 # Face Hub's advice, and what file systems and `ls` handle without pain.
 SHARD_SIZE = 10_000

@@ -25,9 +25,10 @@ from tts_cli.coordination import Alone, Share, Together, coordinator
 from tts_cli.corpus import Utterance
 from tts_cli.formats import Layout, is_shard_folder
 from tts_cli.devices import device_type, open_cuda_early
-from tts_cli.errors import OutputError, OutputNotice, cannot_write
+from tts_cli.errors import FatalError, OutputError, OutputNotice, cannot_write
 from tts_cli.planning import PendingLine, batch_plan, prepare_line
 from tts_cli.journal import ManifestJournal
+from tts_cli.tarshards import ONE_PROCESS, SHARDS, shard_of
 from tts_cli.writing import LineWriter
 from tts_cli.manifest import ManifestRow, plural, summarize
 from tts_cli.signals import StopOnSignals
@@ -112,6 +113,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                 voice_info: VoiceInfo | None = None) -> RunSummary:
     """``synthesize_corpus`` once the corpus is read and the output directory
     is this run's."""
+    if settings.layout == "webdataset" and together.processes > 1:
+        raise FatalError(ONE_PROCESS)
     manifest_path = out_dir / resume.MANIFEST_NAME
     previous = {} if settings.force else resume.previous_rows(out_dir)
     seed, seed_source = resume.run_seed(settings, previous)
@@ -158,7 +161,10 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         if share.batches and not stop.is_set():
             _run_batches(engine, share, settings, writer, checkpoint, signals)
     finally:
-        checkpoint.save(final=True)
+        try:
+            writer.close()   # the last shard gets its name before the rows naming it are saved
+        finally:
+            checkpoint.save(final=True)
     together.finish(manifest, checkpoint, share, writer, signals)
     ordered = manifest.ordered()
     if together.removes_temp_files and signals.received is None:   # one process looks: rank 0, or alone
@@ -180,10 +186,12 @@ def orphans(out_dir: Path, rows: list[ManifestRow]) -> list[Path]:
     """Audio and mel files in the output's wavs/ and mels/ and their shard
     folders (the names and kinds this tool writes) that no row names: left
     by an earlier corpus, or by a line in another audio format."""
-    named = {out_dir / name for row in rows for name in (row.audio_filepath, row.mel_filepath) if name}
+    named = {out_dir / (shard_of(name) or name) for row in rows for name in (row.audio_filepath, row.mel_filepath)
+             if name}
     found = [path for kind, suffixes in (("wavs", (".wav", ".flac")), ("mels", (".npy",)))
              for folder in _folders_of(out_dir / kind) for path in folder.iterdir()
              if path.suffix in suffixes and path.is_file()]
+    found += [path for path in (out_dir / SHARDS).glob("shard-*.tar") if path.is_file()]
     return sorted(path for path in found if path not in named and not path.name.startswith("."))
 
 
@@ -205,10 +213,10 @@ def _report_orphans(out_dir: Path, rows: list[ManifestRow], prune: bool, on_noti
         for folder in {path.parent for path in left} - {out_dir / "wavs", out_dir / "mels"}:
             with contextlib.suppress(OSError):   # a shard folder left empty goes; one with other files stays
                 folder.rmdir()
-        on_notice(f"removed {plural(len(left), 'file')} in {out_dir}/wavs and mels that no manifest row "
+        on_notice(f"removed {plural(len(left), 'file')} in {out_dir} (wavs/, mels/, shards/) that no manifest row "
                   "named (--prune)")
     else:
-        on_notice(OutputNotice(f"{plural(len(left), 'file')} in {out_dir}/wavs and mels that no manifest row "
+        on_notice(OutputNotice(f"{plural(len(left), 'file')} in {out_dir} (wavs/, mels/, shards/) that no manifest row "
                                f"names (left by an earlier corpus, e.g. {left[0].name}); --prune removes them"))
 
 
@@ -259,11 +267,11 @@ def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: 
 
 def _prepare_output(out_dir: Path, settings: Settings, remove_temp_files: bool = True) -> None:
     try:
-        (out_dir / "wavs").mkdir(parents=True, exist_ok=True)
+        (out_dir / (SHARDS if settings.layout == "webdataset" else "wavs")).mkdir(parents=True, exist_ok=True)
         if settings.save_mels:
             (out_dir / "mels").mkdir(parents=True, exist_ok=True)
         if remove_temp_files:
-            for folder in (out_dir, *_folders_of(out_dir / "wavs"), *_folders_of(out_dir / "mels")):
+            for folder in (out_dir, out_dir / SHARDS, *_folders_of(out_dir / "wavs"), *_folders_of(out_dir / "mels")):
                 _remove_stale_temp_files(folder)
     except OSError as e:
         raise OutputError(cannot_write(out_dir, e)) from None

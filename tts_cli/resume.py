@@ -27,6 +27,7 @@ from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
 from tts_cli.formats import names_a_place_for
 from tts_cli.manifest import PARTIAL_MANIFESTS, ManifestRow, read_manifest
+from tts_cli.tarshards import key_of, member_size
 
 if TYPE_CHECKING:
     from tts_cli.voice import ResolvedVoice
@@ -119,12 +120,23 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
     if old is None or old.get("key") != key or old["status"] not in REUSABLE:
         return None
     wav, mel = old["audio_filepath"], old.get("mel_filepath")
-    if (not isinstance(wav, str) or not names_a_place_for(wav, "wavs", f"{u.id}.{settings.audio_format}")
-            or not _whole_audio(out_dir / wav, old["num_samples"], old["duration"], old.get("audio_bytes"))):
+    if not isinstance(wav, str):
         return None
-    if (not isinstance(mel, str) or not names_a_place_for(mel, "mels", f"{u.id}.npy")
-            or _mel_frames(out_dir / mel) != old["mel_frames"]):
-        mel = None
+    if settings.layout == "webdataset":
+        key = key_of(u.id)
+        size = old.get("audio_bytes")
+        if (wav.rpartition("/")[2] != f"{key}.{settings.audio_format}" or not isinstance(size, int)
+                or member_size(out_dir, wav) != size):
+            return None
+        if not isinstance(mel, str) or mel.rpartition("/")[2] != f"{key}.npy" or member_size(out_dir, mel) is None:
+            mel = None
+    else:
+        if (not names_a_place_for(wav, "wavs", f"{u.id}.{settings.audio_format}")
+                or not _whole_audio(out_dir / wav, old["num_samples"], old["duration"], old.get("audio_bytes"))):
+            return None
+        if (not isinstance(mel, str) or not names_a_place_for(mel, "mels", f"{u.id}.npy")
+                or _mel_frames(out_dir / mel) != old["mel_frames"]):
+            mel = None
     if settings.save_mels and mel is None:
         return None
     known = {f.name for f in dataclasses.fields(ManifestRow)}

@@ -5,6 +5,7 @@ the pieces one process makes for a line another process writes."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tts_cli.alignment import Checked, Thresholds, line_record, suspicion
-from tts_cli.audio import atomic_write, resample, write_audio, write_mel
+from tts_cli import formats
+from tts_cli.audio import atomic_write, encode_audio, encode_mel, resample, write_audio, write_mel
 from tts_cli.config import Settings
 from tts_cli.coordination import PIECES_DIR
 from tts_cli.decode_rules import MIN_SPEECH_FRAMES
@@ -20,6 +22,7 @@ from tts_cli.errors import first_line
 from tts_cli.formats import Layout
 from tts_cli.manifest import ManifestRow, plural
 from tts_cli.planning import PendingLine, row_without_audio
+from tts_cli.tarshards import TarShards, key_of
 
 if TYPE_CHECKING:   # torch: imported with the models
     from tts_cli.engine import Result
@@ -34,6 +37,12 @@ class LineWriter:
         the folders ``layout`` names."""
         self.settings, self.layout, self.out_dir = settings, layout, out_dir
         self.run_seed, self.model_rate = run_seed, model_rate
+        self.shards = TarShards(out_dir, formats.TAR_SHARD_BYTES) if settings.layout == "webdataset" else None
+
+    def close(self) -> None:
+        """Finish what is open (the webdataset layout's last shard)."""
+        if self.shards is not None:
+            self.shards.close()
 
     def write(self, p: PendingLine) -> ManifestRow:
         u, s = p.utterance, self.settings
@@ -44,8 +53,36 @@ class LineWriter:
         if not np.isfinite(audio).all():
             return row_without_audio(u, p.normalized, "error", "the model produced non-finite audio", self.run_seed,
                                      p.dropped)
+        status, reason = verdict(p.results, s.max_decoder_steps, p.caution)
+        row = ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=p.normalized,
+                          audio_filepath=None, duration=audio.shape[0] / s.sample_rate,
+                          num_samples=int(audio.shape[0]),
+                          mel_frames=sum(r.frames for r in p.results), status=status,
+                          reason=reason, seed=self.run_seed, pieces=len(p.results), key=p.key,
+                          alignment=_alignment_record(p.results, s), dropped=p.dropped)
+        mel = np.concatenate([r.mel for r in p.results], axis=1) if s.save_mels else None
+        if self.shards is not None:
+            return self._into_shard(row, audio, mel)
+        return self._into_files(row, audio, mel)
+
+    def _into_shard(self, row: ManifestRow, audio: np.ndarray, mel: np.ndarray | None) -> ManifestRow:
+        """The line's audio, row and mel as members of the open tar shard."""
+        s, key = self.settings, key_of(row.id)
+        data, clipped = encode_audio(audio, s.sample_rate, s.sample_format, s.audio_format, row.id)
+        mel_data = encode_mel(mel, row.id) if mel is not None else None
+
+        def members(shard: str):
+            kept = dataclasses.replace(row, audio_filepath=f"{shard}/{key}.{s.audio_format}", clipped_samples=clipped,
+                                       audio_bytes=len(data),
+                                       mel_filepath=f"{shard}/{key}.npy" if mel_data is not None else None)
+            found = [(s.audio_format, data), ("json", kept.to_json().encode())]
+            return found + ([("npy", mel_data)] if mel_data is not None else []), kept
+        return self.shards.add(key, members)
+
+    def _into_files(self, row: ManifestRow, audio: np.ndarray, mel_array: np.ndarray | None) -> ManifestRow:
+        s, u = self.settings, row
         wav = self.layout.audio(u.id, u.line)
-        mel = self.layout.mel(u.id, u.line) if s.save_mels else None
+        mel = self.layout.mel(u.id, u.line) if mel_array is not None else None
         try:
             if mel is None:
                 # No row will point at an earlier run's mel of this line
@@ -57,7 +94,7 @@ class LineWriter:
             clipped = write_audio(self.out_dir / wav, audio, s.sample_rate, s.sample_format, s.audio_format)
             audio_bytes = (self.out_dir / wav).stat().st_size
             if mel is not None:
-                write_mel(self.out_dir / mel, np.concatenate([r.mel for r in p.results], axis=1))
+                write_mel(self.out_dir / mel, mel_array)
         except OSError:
             # No row will vouch for a WAV whose mel failed: nothing of the
             # line stays (a file left from an earlier run was stale anyway).
@@ -65,15 +102,8 @@ class LineWriter:
                 with contextlib.suppress(OSError):
                     (self.out_dir / name).unlink(missing_ok=True)
             raise
-        status, reason = verdict(p.results, s.max_decoder_steps, p.caution)
-        return ManifestRow(id=u.id, line=u.line, text=u.text, normalized_text=p.normalized,
-                           audio_filepath=wav, duration=audio.shape[0] / s.sample_rate,
-                           num_samples=int(audio.shape[0]),
-                           mel_frames=sum(r.frames for r in p.results), status=status,
-                           reason=reason, clipped_samples=clipped, seed=self.run_seed,
-                           mel_filepath=mel, pieces=len(p.results), key=p.key,
-                           alignment=_alignment_record(p.results, s), dropped=p.dropped,
-                           audio_bytes=audio_bytes)
+        return dataclasses.replace(row, audio_filepath=wav, clipped_samples=clipped, mel_filepath=mel,
+                                   audio_bytes=audio_bytes)
 
     def _piece_path(self, p: PendingLine, i: int) -> Path:
         return self.out_dir / PIECES_DIR / f"{p.utterance.id}.{i}.npz"

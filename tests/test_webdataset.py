@@ -1,0 +1,100 @@
+"""--layout webdataset: each line's audio and row in tar shards of about
+formats.TAR_SHARD_BYTES, written under a temporary name and renamed when
+whole; a re-run keeps what the finished shards hold and makes the rest."""
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+from click.testing import CliRunner
+
+from outputs import manifest
+from tts_cli import formats
+from tts_cli.cli import main
+
+LINES = ["Printing, in short.", "It cost $3.50.", "A longer line, in another batch.", "Hi.",
+         "The fifth line.", "A sixth one, somewhat longer than the fifth.", "Seven."]
+
+
+def run(args, checkpoints):
+    tacotron2, waveglow = checkpoints
+    return CliRunner().invoke(main, [*map(str, args), "--tacotron2", str(tacotron2), "--waveglow", str(waveglow),
+                                     "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1",
+                                     "--no-check-alignment", "--batch-size", "3", "--layout", "webdataset"])
+
+
+def write(path: Path, lines) -> Path:
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def shards(out: Path) -> dict[str, dict[str, bytes]]:
+    """Each shard's members, by name."""
+    found = {}
+    for path in sorted((out / "shards").glob("shard-*.tar")):
+        with tarfile.open(path) as tar:
+            found[path.name] = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+    return found
+
+
+def test_each_line_is_its_audio_and_row_in_a_shard_as_webdataset_reads_them(tmp_path, tiny_checkpoints,
+                                                                            monkeypatch):
+    monkeypatch.setattr(formats, "TAR_SHARD_BYTES", 3000)     # a few lines a shard
+    out = tmp_path / "out"
+    result = run([write(tmp_path / "c.txt", LINES), "-o", out, "--audio-format", "flac", "--save-mels"],
+                 tiny_checkpoints)
+    assert result.exit_code == 0, result.output
+    rows, found = manifest(out), shards(out)
+    assert len(found) >= 2 and not (out / "wavs").exists()
+    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(found), "no temporary file is left"
+    for row in rows:
+        shard, member = row["audio_filepath"].split("/")[1:]
+        members = found[shard]
+        key = member.rsplit(".", 1)[0]
+        assert {f"{key}.flac", f"{key}.json", f"{key}.npy"} <= set(members)
+        audio, rate = sf.read(io.BytesIO(members[f"{key}.flac"]))
+        assert (len(audio), rate, len(members[f"{key}.flac"])) == (row["num_samples"], 22050, row["audio_bytes"])
+        assert json.loads(members[f"{key}.json"]) == row
+        assert np.load(io.BytesIO(members[f"{key}.npy"])).shape[1] == row["mel_frames"]
+
+
+def test_a_rerun_keeps_the_finished_shards_and_makes_only_what_a_lost_shard_held(tmp_path, tiny_checkpoints,
+                                                                                monkeypatch):
+    monkeypatch.setattr(formats, "TAR_SHARD_BYTES", 3000)
+    corpus, out = write(tmp_path / "c.txt", LINES), tmp_path / "out"
+    assert run([corpus, "-o", out], tiny_checkpoints).exit_code == 0
+    again = run([corpus, "-o", out], tiny_checkpoints)
+    assert again.exit_code == 0 and "7 reused" in again.output, again.output
+    before = shards(out)
+    lost = sorted(before)[-1]                 # as if the run was killed before it was finished
+    (out / "shards" / lost).unlink()
+    redone = run([corpus, "-o", out], tiny_checkpoints)
+    assert redone.exit_code == 0, redone.output
+    held = len([name for name in before[lost] if name.endswith(".wav")])
+    assert f"{7 - held} reused" in redone.output
+    after = shards(out)
+    assert {name: after[name] for name in before if name != lost} == \
+        {name: before[name] for name in before if name != lost}, "a finished shard was rewritten"
+    assert all(row["audio_filepath"].split("/")[1] in after for row in manifest(out))
+
+
+def test_rows_of_the_other_layout_are_made_again_where_this_one_keeps_audio(tmp_path, tiny_checkpoints):
+    corpus, out = write(tmp_path / "c.txt", LINES), tmp_path / "out"
+    tacotron2, waveglow = tiny_checkpoints
+    files = CliRunner().invoke(main, [str(corpus), "-o", str(out), "--tacotron2", str(tacotron2), "--waveglow",
+                                      str(waveglow), "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1",
+                                      "--no-check-alignment", "--batch-size", "3"])
+    assert files.exit_code == 0
+    tarred = run([corpus, "-o", out], tiny_checkpoints)
+    assert tarred.exit_code == 0 and "0 reused" in tarred.output, tarred.output
+    assert all(row["audio_filepath"].startswith("shards/") for row in manifest(out))
+    assert "7 files" in tarred.output and "no manifest row names" in tarred.output   # the WAVs left in wavs/
+
+
+def test_an_export_says_in_one_line_that_shards_are_read_as_they_are(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    assert run([write(tmp_path / "c.txt", LINES[:2]), "-o", out], tiny_checkpoints).exit_code == 0
+    exported = CliRunner().invoke(main, ["export", str(out), "--to", "hf"])
+    assert exported.exit_code != 0 and "in tar shards" in exported.output and "WebDataset" in exported.output
