@@ -608,6 +608,9 @@ def test_percentages_are_said(text, spoken):
         ("7:05", "seven oh five"),
         ("7:00", "seven o'clock"),
         ("19:00", "nineteen hundred"),
+        # o'clock for the hours of a 12-hour clock, "hundred" past them
+        ("1:00", "one o'clock"), ("12:00", "twelve o'clock"), ("13:00", "thirteen hundred"),
+        ("0:00", "zero hundred"),
         ("19:45", "nineteen forty-five"),
         ("7:30 pm", "seven thirty p m"),
         ("7:30 p.m.", "seven thirty p m."),
@@ -632,6 +635,7 @@ def test_times_are_said(text, spoken):
         ("info@example.com", "info at example dot com"),
         ("Write to jane.doe+news@mail.example.org.", "write to jane dot doe plus news at mail dot example dot org."),
         ("https://example.org/a-b", "example dot org slash a b"),
+        ("https://example.org/X/", "example dot org slash x"),
         ("See http://www.example.com/docs/ now", "see example dot com slash docs now"),
         ("www.example.co.uk/web2", "example dot co dot uk slash web two"),
         ("Visit example.com.", "visit example dot com."),
@@ -716,10 +720,14 @@ def test_units_after_numbers_are_said(text, spoken):
         ("Jan. 5, 2020", "january fifth, twenty twenty"),
         ("5 Sept 1999", "the fifth of september nineteen ninety-nine"),
         ("DECEMBER 25", "december twenty-fifth"),
+        ("April 11", "april eleventh"), ("April 12", "april twelfth"), ("April 13", "april thirteenth"),
+        ("April 22", "april twenty-second"), ("April 31", "april thirty-first"),
         # Only beside a month's name as names are written, and only days.
         ("may 3", "may three"),
         ("March 2021", "march twenty twenty-one"),
         ("March 32", "march thirty-two"),
+        ("March 1", "march first"), ("March 31", "march thirty-first"), ("March 0", "march zero"),
+        ("31 March", "the thirty-first of march"), ("32 March", "thirty-two march"), ("0 March", "zero march"),
         ("3 marches", "three marches"),
     ],
 )

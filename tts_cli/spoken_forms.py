@@ -89,10 +89,9 @@ _DAY_MONTH = re.compile(r"(?<![\w.,])(?:[Tt]he\s+)?([0-9]{1,2})(?:st|nd|rd|th)?(
 
 
 def _ordinal_digits(day: str) -> str:
-    """"3" -> "3rd": the reference's ordinal rule then says "third"."""
-    n = int(day)
-    suffix = "th" if 11 <= n % 100 <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
+    """"3" -> "3th": the reference's ordinal rule then says "third" (it reads
+    the number as an ordinal whatever its suffix)."""
+    return f"{int(day)}th"
 
 
 def _month_day(match: re.Match) -> str:
