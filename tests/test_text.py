@@ -795,3 +795,18 @@ def test_the_characters_left_unsaid_are_named(text, normalization, dropped, lost
     reading = front_end.read(text, normalization)
     assert reading.dropped == dropped
     assert front_end.words_lost(reading.dropped) == lost
+
+
+@pytest.mark.parametrize(
+    "text, foreign",
+    [
+        ("\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8", "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8"),
+        ("\u041f\u0440\u0438\u0432\u0435\u0442, \u043c\u0438\u0440",   # each letter once, in order
+         "\u041f\u0440\u0438\u0432\u0435\u0442\u043c"),
+        ("\u03a9mega and caf\u00e9", "\u03a9"),          # Latin letters with accents are Latin
+        ("na\u00efve \u00c5ngstr\u00f6m 3\u00bd \u2014 \u00a9", ""),   # digits, marks and symbols are no letters
+        ("plain text", ""),
+    ],
+)
+def test_the_letters_of_other_scripts_are_named_once_each_in_order(text, foreign):
+    assert front_end.foreign_letters(text) == foreign
