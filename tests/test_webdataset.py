@@ -7,6 +7,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
@@ -98,3 +99,23 @@ def test_an_export_says_in_one_line_that_shards_are_read_as_they_are(tmp_path, t
     assert run([write(tmp_path / "c.txt", LINES[:2]), "-o", out], tiny_checkpoints).exit_code == 0
     exported = CliRunner().invoke(main, ["export", str(out), "--to", "hf"])
     assert exported.exit_code != 0 and "in tar shards" in exported.output and "WebDataset" in exported.output
+
+
+def test_a_shard_whose_write_fails_is_dropped_whole_and_the_next_line_starts_another(tmp_path, monkeypatch):
+    from tts_cli.audio import WriteError
+    from tts_cli.tarshards import TarShards
+    shards = TarShards(tmp_path, 10 ** 6)
+    assert shards.add("a", lambda shard: ([("wav", b"x" * 10)], shard)) == "shards/shard-000000.tar"
+    real = tarfile.TarFile.addfile
+
+    def full_disk(self, info, fileobj=None):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(tarfile.TarFile, "addfile", full_disk)
+    with pytest.raises(WriteError, match="shard-000000.tar"):
+        shards.add("b", lambda shard: ([("wav", b"y")], shard))
+    assert list((tmp_path / "shards").iterdir()) == [], "the half-written shard is gone, under any name"
+    monkeypatch.setattr(tarfile.TarFile, "addfile", real)
+    assert shards.add("c", lambda shard: ([("wav", b"z")], shard)) == "shards/shard-000001.tar"
+    shards.close()
+    with tarfile.open(tmp_path / "shards" / "shard-000001.tar") as tar:
+        assert tar.getnames() == ["c.wav"]
