@@ -440,3 +440,18 @@ def test_a_gzip_corpus_reads_as_its_text(tmp_path):
     (tmp_path / "broken.gz").write_bytes(gzip.compress(text.encode())[:20])
     with pytest.raises(CorpusError, match="broken.gz: a gzip file that cannot be read"):
         read_corpus(tmp_path / "broken.gz")
+
+
+def test_texts_given_in_python_get_the_ids_and_problems_a_plain_corpus_file_of_them_gets(tmp_path):
+    """Synthesizer.synthesize(texts) seeds each line by its id: the same ids
+    as the file, so a text's audio is that line's WAV."""
+    from tts_cli.corpus import utterances_from_texts
+    texts = [f"Line {n}." for n in range(1, 1_001)] + ["", "   "]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"{text}\n" for text in texts))
+    assert utterances_from_texts(texts) == read_corpus(corpus, "plain")
+    two = tmp_path / "two.txt"
+    two.write_text("a\nb\n")
+    assert [u.id for u in utterances_from_texts(["a", "b"])] == [u.id for u in read_corpus(two, "plain")]
+    [one] = utterances_from_texts(["two\nlines"])
+    assert (one.line, one.text, one.problem) == (1, "two\nlines", None), "one utterance per text"
