@@ -130,3 +130,28 @@ def test_a_line_within_the_limit_is_read_whole_with_the_spaces_at_its_ends(limit
     # as the reference reads it: only a line that is cut loses them
     pending, _ = plan(" Hi.  ", max_symbols_per_piece=limit)
     assert pending.pieces == [normalize_ids(" Hi.  ")] and len(pending.pieces[0]) == len(" Hi. ")
+
+
+def test_a_line_is_read_by_the_runs_normalization_and_names_what_it_left_unsaid():
+    from tts_cli.text import text_to_sequence
+    pending, _ = plan("Up 12% at 7:05.", text_normalization="extended")
+    assert pending.normalized == "up twelve percent at seven oh five." and pending.dropped is None
+    assert pending.pieces == [text_to_sequence("up twelve percent at seven oh five.")]
+    assert pending.caution is None
+    pending, _ = plan("Up 12% at 7:05.", text_normalization="reference")
+    assert pending.normalized == "up twelve at seven:five." and pending.dropped == "%"
+    assert pending.caution == "characters the voice cannot say, left out: '%'"
+
+
+def test_a_line_in_another_script_is_made_with_a_caution_naming_its_letters_and_reading():
+    pending, _ = plan("\u65e5\u672c\u8a9e \u2014 50\u2030 #tag", text_normalization="reference")
+    assert pending.caution == (
+        "letters of another script the voice cannot say ('\u65e5\u672c\u8a9e'), read as their Latin "
+        f"transliteration: {pending.normalized[:40]!r}; characters the voice cannot say, left out: "
+        f"{pending.dropped[:12]!r}")
+    assert "#" in pending.dropped
+
+
+def test_a_line_with_nothing_to_say_keeps_what_it_left_unsaid_in_its_row():
+    pending, row = plan("%%% ###", text_normalization="reference")
+    assert pending is None and (row.status, row.dropped) == ("skipped", "%#")
