@@ -530,10 +530,12 @@ def test_a_row_that_records_its_files_size_is_checked_by_it_and_one_without_by_t
     size = (tmp_path / "wavs" / "a.wav").stat().st_size
     assert verdict(tmp_path, audio_bytes=size).audio_filepath == "wavs/a.wav"
     assert verdict(tmp_path, audio_bytes=size + 1) is None
-    (tmp_path / "wavs" / "a.wav").unlink()
-    (tmp_path / "wavs" / "a.wav").mkdir()
     from tts_cli.corpus import Utterance
     from tts_cli.resume import reusable_row
+    kept = dataclasses.asdict(verdict(tmp_path, audio_bytes=size))
+    (tmp_path / "wavs" / "a.wav").unlink()
+    assert reusable_row(kept, "k", Utterance(1, "a", "Hi."), tmp_path, Settings()) is None, "a missing file"
+    (tmp_path / "wavs" / "a.wav").mkdir()
     row = {"id": "a", "line": 1, "text": "Hi.", "normalized_text": "hi.", "audio_filepath": "wavs/a.wav",
            "duration": 0.1, "num_samples": 100, "mel_frames": 7, "status": "ok", "reason": None, "key": "k",
            "audio_bytes": (tmp_path / "wavs" / "a.wav").stat().st_size}
