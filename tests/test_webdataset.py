@@ -12,23 +12,13 @@ import soundfile as sf
 from click.testing import CliRunner
 
 from outputs import manifest
+from test_layout import LINES, run as run_in_files, write
 from tts_cli import formats
 from tts_cli.cli import main
 
-LINES = ["Printing, in short.", "It cost $3.50.", "A longer line, in another batch.", "Hi.",
-         "The fifth line.", "A sixth one, somewhat longer than the fifth.", "Seven."]
-
 
 def run(args, checkpoints):
-    tacotron2, waveglow = checkpoints
-    return CliRunner().invoke(main, [*map(str, args), "--tacotron2", str(tacotron2), "--waveglow", str(waveglow),
-                                     "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1",
-                                     "--no-check-alignment", "--batch-size", "3", "--layout", "webdataset"])
-
-
-def write(path: Path, lines) -> Path:
-    path.write_text("".join(f"{line}\n" for line in lines))
-    return path
+    return run_in_files([*args, "--layout", "webdataset"], checkpoints)
 
 
 def shards(out: Path) -> dict[str, dict[str, bytes]]:
@@ -83,11 +73,7 @@ def test_a_rerun_keeps_the_finished_shards_and_makes_only_what_a_lost_shard_held
 
 def test_rows_of_the_other_layout_are_made_again_where_this_one_keeps_audio(tmp_path, tiny_checkpoints):
     corpus, out = write(tmp_path / "c.txt", LINES), tmp_path / "out"
-    tacotron2, waveglow = tiny_checkpoints
-    files = CliRunner().invoke(main, [str(corpus), "-o", str(out), "--tacotron2", str(tacotron2), "--waveglow",
-                                      str(waveglow), "--device", "cpu", "--max-decoder-steps", "12", "--seed", "1",
-                                      "--no-check-alignment", "--batch-size", "3"])
-    assert files.exit_code == 0
+    assert run_in_files([corpus, "-o", out], tiny_checkpoints).exit_code == 0
     tarred = run([corpus, "-o", out], tiny_checkpoints)
     assert tarred.exit_code == 0 and "0 reused" in tarred.output, tarred.output
     assert all(row["audio_filepath"].startswith("shards/") for row in manifest(out))
