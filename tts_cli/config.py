@@ -81,7 +81,7 @@ class Settings:
     shard_size: int = SHARD_SIZE        # a longer corpus goes into folders of this many lines; 0: flat (formats.Layout)
     format: str = "plain"               # corpus format: plain, ljspeech, tsv
     text_normalization: str = "extended"  # reference: NVIDIA's cleaners exactly; extended: also percentages,
-                                          # times, addresses, units, symbols, dates (text.spoken_forms)
+                                          # times, addresses, units, symbols, dates (spoken_forms.py)
     device: str | None = None           # cuda, cuda:N, cpu; None: cuda where expected (devices.py)
     precision: str | None = None        # fp32, fp16, bf16; None: fp16 on CUDA, fp32 on CPU
     max_symbols_per_piece: int = 180    # longer lines are cut into pieces; 0 disables (splitting.py)

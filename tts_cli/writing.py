@@ -80,17 +80,15 @@ class LineWriter:
         return self.shards.add(key, members)
 
     def _into_files(self, row: ManifestRow, audio: np.ndarray, mel_array: np.ndarray | None) -> ManifestRow:
-        s, u = self.settings, row
-        wav = self.layout.audio(u.id, u.line)
-        mel = self.layout.mel(u.id, u.line) if mel_array is not None else None
+        s = self.settings
+        wav = self.layout.audio(row.id, row.line)
+        mel = self.layout.mel(row.id, row.line) if mel_array is not None else None
         try:
             if mel is None:
                 # No row will point at an earlier run's mel of this line
                 # (nor may one: it can be of other audio), so it goes.
-                (self.out_dir / self.layout.mel(u.id, u.line)).unlink(missing_ok=True)
-            else:
-                (self.out_dir / mel).parent.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / wav).parent.mkdir(parents=True, exist_ok=True)
+                (self.out_dir / self.layout.mel(row.id, row.line)).unlink(missing_ok=True)
+            # write_audio and write_mel make the shard folders (atomic_write)
             clipped = write_audio(self.out_dir / wav, audio, s.sample_rate, s.sample_format, s.audio_format)
             audio_bytes = (self.out_dir / wav).stat().st_size
             if mel is not None:
