@@ -119,14 +119,15 @@ def _load(voice: Voice) -> tuple[Tacotron2, WaveGlow, VoiceInfo]:
 def _build(model_class, state_dict, path: Path):
     """The model from a file's weights, or one line naming the file: the
     file is the user's, so whatever it makes fail is the file's fault. The
-    sizes are read off the tensors, so the model is first built on the meta
-    device, where nothing is allocated: a file whose tensors disagree must
-    not get a model sized by its largest one before load_state_dict says so."""
+    sizes are read off the tensors, so the model is built on the meta
+    device, where nothing is allocated, and then takes the file's tensors
+    as its weights: a file whose tensors disagree must not get a model
+    sized by its largest one before load_state_dict says so."""
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")   # copying into meta tensors is a no-op, and says so
-            model_class.from_state_dict(state_dict)
-        model = model_class.from_state_dict(state_dict)
+            shaped = model_class.from_state_dict(state_dict)
+        model = _filled(shaped, state_dict)
     except Exception as e:  # noqa: BLE001 - see above
         raise FatalError(f"{path}: the weights do not form a {model_class.__name__} "
                          f"({type(e).__name__}: {first_line(e)})") from None
@@ -138,6 +139,21 @@ def _build(model_class, state_dict, path: Path):
                 raise FatalError(f"{path}: WaveGlow's 1x1 convolution convinv.{k} is not invertible, so "
                                  f"no audio can be made with it; the file is damaged: download it again") from None
     return model
+
+
+def _filled(shaped: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The meta model ``shaped`` holding the file's weights themselves: no
+    random weights drawn first and no copy (the published WaveGlow's 88
+    million weights took longer to draw than the file took to read). What
+    the file may leave out (BatchNorm's step counter) is made zero;
+    from_state_dict has refused a file that leaves out a weight."""
+    # contiguous: the model's own layout whatever views the file's tensors are
+    shaped.load_state_dict({k: v.contiguous() for k, v in state_dict.items()}, strict=False, assign=True)
+    for module in shaped.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_meta:
+                module.register_buffer(name, torch.zeros(buffer.shape, dtype=buffer.dtype))
+    return shaped
 
 
 def synthesis_settings(s: Settings, device: torch.device | None = None) -> SynthesisSettings:
