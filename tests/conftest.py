@@ -1,8 +1,23 @@
 """Shared fixtures: tiny checkpoints written in the published file formats."""
+import os
+
 import pytest
 
 from checkpoint_files import write_nvidia_tacotron2, write_pickled_waveglow
 from tiny_models import canonical, tiny_tacotron2, tiny_waveglow
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_cache_home(tmp_path_factory):
+    """The tests' runs keep what they cache (the voices' digests) in a folder
+    of their own, not in the user's ~/.cache."""
+    kept = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
+    yield
+    if kept is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = kept
 
 
 @pytest.fixture(scope="session")

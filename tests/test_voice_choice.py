@@ -8,6 +8,7 @@ depend on what the source tree's checkpoints/ holds."""
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,8 @@ from tts_cli.resume import audio_identity
 from tts_cli.checkpoints import VoiceInfo
 from tts_cli.errors import FatalError
 from tts_cli.loading import make_engine, voice_settings, with_voice
-from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, choose_voice, file_digest, resolve_voice
+from tts_cli import voice
+from tts_cli.voice import DEMO_FILES, PUBLISHED_FILES, choose_voice, file_digest, remembered_digest, resolve_voice
 
 NOTICE = ("using the demo voice (checkpoints/demo_*.pt; robotic, for trying the tool): "
           "for NVIDIA's voice put tacotron2_statedict.pt and waveglow_256channels_universal_v5.pt "
@@ -324,3 +326,55 @@ def test_file_digest_is_sha256_of_bytes(tmp_path):
     assert file_digest(path) == hashlib.sha256(data[:-1]).hexdigest()
     with pytest.raises(FatalError, match="nowhere.pt: cannot read"):
         file_digest(tmp_path / "nowhere.pt")
+
+
+@pytest.fixture
+def settled_at_once(monkeypatch, tmp_path):
+    """A digest cache of the test's own, which keeps a file's digest however
+    recently the file changed."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(voice, "SETTLED_SECONDS", -1.0)
+    return tmp_path / "cache" / "tts-batch" / "digests"
+
+
+def test_a_files_digest_is_kept_between_runs_and_read_instead_of_the_file(settled_at_once, tmp_path, monkeypatch):
+    path = tmp_path / "waveglow.pt"
+    path.write_bytes(os.urandom(1 << 16))
+    assert remembered_digest(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert len(list(settled_at_once.iterdir())) == 1
+
+    def unread(name):
+        raise AssertionError(f"{name} hashed again")
+    monkeypatch.setattr(voice, "file_digest", unread)
+    assert remembered_digest(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_file_rewritten_in_place_with_its_size_and_modification_time_is_hashed_again(settled_at_once, tmp_path):
+    path = tmp_path / "waveglow.pt"
+    path.write_bytes(b"a" * 4096)
+    before = remembered_digest(path)
+    kept_times = os.stat(path)
+    time.sleep(0.05)   # past the file system's timestamp resolution
+    with open(path, "r+b") as f:   # the same inode and size, other bytes
+        f.write(b"b" * 4096)
+    os.utime(path, ns=(kept_times.st_atime_ns, kept_times.st_mtime_ns))
+    assert remembered_digest(path) == hashlib.sha256(b"b" * 4096).hexdigest() != before
+    path.unlink()
+    path.write_bytes(b"c" * 4096)   # replaced: another inode
+    assert remembered_digest(path) == hashlib.sha256(b"c" * 4096).hexdigest()
+
+
+def test_a_just_written_file_is_not_kept_and_an_unwritable_cache_still_gives_the_digest(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    path = tmp_path / "tacotron2.pt"
+    path.write_bytes(b"x" * 100)
+    assert remembered_digest(path) == hashlib.sha256(b"x" * 100).hexdigest()
+    assert not cache.exists()   # changed this instant: a same-size rewrite could keep its times
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    monkeypatch.setattr(voice, "SETTLED_SECONDS", -1.0)
+    assert remembered_digest(path) == hashlib.sha256(b"x" * 100).hexdigest()
+    with pytest.raises(FatalError, match="nowhere.pt: cannot read"):
+        remembered_digest(tmp_path / "nowhere.pt")
