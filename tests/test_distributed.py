@@ -278,3 +278,93 @@ def test_a_process_that_cannot_join_the_job_is_one_line_naming_torchrun(tmp_path
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert "rank 0 of 2: could not join" in result.output and "MASTER_ADDR" in result.output
     assert "torchrun" in result.output
+
+
+def node(nodes, endpoint, args):
+    """One machine's torchrun agent in a job of ``nodes`` machines with one
+    process each, meeting at ``endpoint`` through torch's c10d rendezvous
+    (on one machine here: each agent stands for a node)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", "--nproc_per_node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=tts-batch-test",
+               "-m", "tts_cli", *args]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_nodes_write_into_one_folder_what_one_process_writes(tmp_path, tiny_checkpoints):
+    corpus = write(tmp_path / "corpus.txt", LINES + CUT)
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    single_process([*arguments(corpus, reference, tiny_checkpoints), "--shard-size", "4"])
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [node(2, endpoint, [*arguments(corpus, out, tiny_checkpoints), "--shard-size", "4"]) for _ in range(2)]
+    ended = [finished(n) for n in nodes]
+    assert all(code == 0 for code, _ in ended), ended
+    assert "on 2 processes" in "".join(output for _, output in ended)
+    assert manifest(out) == manifest(reference)
+    for row in manifest(reference):
+        if row["audio_filepath"]:
+            mine, theirs = (sf.read(folder / row["audio_filepath"], dtype="float32")[0] for folder in (out, reference))
+            assert mine.tobytes() == theirs.tobytes(), row["id"]
+    assert partial_manifests(out) == [] and not (out / ".pieces").exists()
+
+
+def workers_of(agent):
+    """The pids of the worker processes a torchrun agent started (torchrun starts each in a
+    session of its own)."""
+    try:
+        return [int(pid) for pid in Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def rank_of(agent):
+    """The RANK of the worker an agent started (None until it has one)."""
+    for pid in workers_of(agent):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            if entry.startswith(b"RANK="):
+                return int(entry[5:])
+    return None
+
+
+@pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(),
+                    reason="finds torchrun's workers through /proc/PID/task/PID/children (Linux)")
+def test_a_node_killed_mid_run_loses_nothing_and_a_rerun_on_any_number_of_nodes_finishes(
+        tmp_path, never_stopping_checkpoints):
+    """48 lines of 100 frames each: the nodes are killed as soon as the first
+    line's audio is written, long before either has finished its share (the
+    job takes several seconds). torchrun's agents would wait up to 5 minutes
+    at the end for a node that is gone, had their own work ended well."""
+    lines = [f"Sentence number {i}, spoken slowly." for i in range(48)]
+    corpus, out = write(tmp_path / "corpus.txt", lines), tmp_path / "out"
+    args = arguments(corpus, out, never_stopping_checkpoints, steps=100)
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [node(2, endpoint, args) for _ in range(2)]
+    deadline = time.monotonic() + 120
+    while not (any((out / "wavs").glob("*.wav")) and all(rank_of(n) is not None for n in nodes)):
+        assert time.monotonic() < deadline and all(n.poll() is None for n in nodes), [finished(n) for n in nodes]
+        time.sleep(0.02)
+    doomed = next(n for n in nodes if rank_of(n) == 1)
+    for pid in [*workers_of(doomed), doomed.pid]:   # the machine is gone: its agent and its worker
+        os.kill(pid, signal.SIGKILL)
+    doomed.wait()
+    survivor = next(n for n in nodes if n is not doomed)
+    code, output = finished(survivor)
+    assert code != 0
+    assert "rank 0 of 2" in output and "run the same command again" in output, output
+    kept = [row for path in partial_manifests(out) for row in read_manifest(path)]
+    assert kept and all(sf.info(str(out / r["audio_filepath"])).frames == r["num_samples"] for r in kept)
+    before = mtimes(out)
+    # the re-run: three nodes this time
+    endpoint = f"127.0.0.1:{free_port()}"
+    again = [finished(n) for n in [node(3, endpoint, args) for _ in range(3)]]
+    assert all(code == 0 for code, _ in again), again
+    assert f"{len(kept)} reused" in "".join(output for _, output in again)
+    assert all(mtimes(out)[r["id"] + ".wav"] == before[r["id"] + ".wav"] for r in kept)
+    assert partial_manifests(out) == []
+    reference = tmp_path / "reference"
+    assert synth(arguments(corpus, reference, never_stopping_checkpoints, steps=100)).exit_code == 0
+    assert_same_output(out, reference)
