@@ -16,13 +16,16 @@ from aligned_models import aligned_tacotron2
 from checkpoint_files import write_nvidia_tacotron2, write_pickled_waveglow
 from outputs import manifest
 from tiny_models import canonical, tiny_waveglow
+from tts_cli import bench
 from tts_cli.alignment import Checked, Health, Thresholds, best, suspicion
 from tts_cli.batching import pad_sequences
 from tts_cli.cli import main
 from tts_cli.config import Settings
+from tts_cli.corpus import Utterance
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.engine import Engine, Job, SynthesisSettings, measured
-from tts_cli.planning import retry_seeds
+from tts_cli.loading import synthesis_settings
+from tts_cli.planning import prepare_line, retry_seeds
 from tts_cli.tacotron2 import AttentionPath, DecodeSettings, alignment_measures, decode
 
 DEFAULTS = Thresholds.from_settings(Settings())
@@ -176,9 +179,17 @@ def test_a_failing_line_is_retried_with_its_derived_seeds_and_keeps_the_audio_of
     assert healed >= len(retried) // 2, "most lines that stop early read to the end on a retry"
 
 
-def test_a_job_with_forced_frames_is_checked_but_not_retried():
-    results = engine(aligned_tacotron2(gate=False)).synthesize(
-        [Job(lines(1, 10, 10)[0], seed=1, frames=20, retry_seeds=(2, 3))])
+def test_the_bench_s_lines_are_checked_but_not_retried():
+    # Its lines' lengths are forced (bench.force_lengths) and its run plans
+    # no retries: a line that fails the checks keeps its one attempt.
+    _, _, settings = bench._run_settings(bench.BenchSettings(device="cpu"))
+    line = prepare_line(Utterance(line=1, id="a", text="Ten words or so, read by a voice."), 0, {}, settings)
+    assert line.retry_seeds == [[]]
+    model = aligned_tacotron2(gate=False)
+    bench.force_lengths(model, 2.0)                       # 10 symbols, 20 frames: half of them read
+    tts = Engine(model, tiny_waveglow(seed=1), torch.device("cpu"), torch.float32, synthesis_settings(settings))
+    results = tts.synthesize([Job(lines(1, 10, 10)[0], seed=1, retry_seeds=tuple(line.retry_seeds[0]))])
+    assert results[0].frames == 20
     assert results[0].checked.attempts == 1 and results[0].checked.failures
 
 

@@ -9,8 +9,9 @@ import torch
 from tts_cli.batching import pad_sequences
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.kernels import decoder as kernels
+from tts_cli.decode_rules import gate_stops
 from tts_cli.tacotron2 import DecodeSettings, decode
-from tiny_models import tiny_tacotron2
+from tiny_models import force_lengths, tiny_tacotron2
 
 
 def lines(*lengths):
@@ -28,23 +29,22 @@ def sharp_gate(seed: int, scale: float, bias: float):
     return model
 
 
-@pytest.mark.parametrize("override, model", [
-    (None, lambda: tiny_tacotron2(seed=6)),                 # every row stops at the first step
-    (None, lambda: sharp_gate(1, 10.0, -1.0)),              # stops at 19, 16, 9: inside graphs
-    (None, lambda: sharp_gate(0, 10.0, -2.0)),              # 13 and two rows to the limit
-    ([5, 40, 17], lambda: tiny_tacotron2(seed=6)),
+@pytest.mark.parametrize("model", [
+    lambda: tiny_tacotron2(seed=6),                         # every row stops at the first step
+    lambda: sharp_gate(1, 10.0, -1.0),                      # stops at 19, 16, 9: inside graphs
+    lambda: sharp_gate(0, 10.0, -2.0),                      # 13 and two rows to the limit
+    lambda: force_lengths(tiny_tacotron2(seed=6), {7: 5, 45: 40, 3: 17}),
 ], ids=["gate-at-once", "gate-mid-graph", "gate-and-limit", "forced-lengths"])
-def test_static_buffer_decoder_equals_the_eager_one(override, model):
+def test_static_buffer_decoder_equals_the_eager_one(model):
     model = model()
     cfg = DecodeSettings(max_decoder_steps=40)
     ids, lengths = pad_sequences(lines(7, 45, 3))        # 3 rows -> a bucket of 4; 45 -> 64 symbols
     seeds = torch.tensor([4, 5, 6])
-    forced = torch.tensor(override) if override else None
     decoder = GraphedDecoder(model, cfg, steps_per_graph=8)
     assert decoder.attention is None and decoder.prenet is None and decoder.few_rows is None   # off CUDA
     with torch.inference_mode():
-        graphed = decoder.decode(ids, lengths, seeds, forced)
-        eager = decode(model, ids, lengths, seeds, cfg, forced)
+        graphed = decoder.decode(ids, lengths, seeds)
+        eager = decode(model, ids, lengths, seeds, cfg)
     assert graphed[1].tolist() == eager[1].tolist()
     assert graphed[2].tolist() == eager[2].tolist()
     assert graphed[0].shape == eager[0].shape
@@ -65,15 +65,45 @@ def test_a_batch_that_never_stops_runs_to_the_step_limit_and_is_truncated():
 def test_decoding_stops_one_graph_after_the_last_real_line_stops():
     # Rows stop at frames 5, 8 and 3; the padding row (3 rows -> bucket of 4)
     # never fires its gate, so only the bookkeeping can end the loop early.
-    model = tiny_tacotron2(seed=2, gate_bias=-20.0)
+    model = force_lengths(tiny_tacotron2(seed=2, gate_bias=-20.0), {6: 5, 7: 8, 8: 3})
     decoder = GraphedDecoder(model, DecodeSettings(max_decoder_steps=40), steps_per_graph=8)
-    ids, lengths = pad_sequences(lines(6, 6, 6))
+    ids, lengths = pad_sequences(lines(6, 7, 8))
     with torch.inference_mode():
-        _, frames, _, _ = decoder.decode(ids, lengths, torch.tensor([1, 2, 3]), torch.tensor([5, 8, 3]))
+        _, frames, _, _ = decoder.decode(ids, lengths, torch.tensor([1, 2, 3]))
     assert frames.tolist() == [5, 8, 3]
     (graph,) = decoder.graphs.values()
     # all done after the first 8 steps; the flag is read one replay late
     assert int(graph.step) == 16
+
+
+def test_swapping_the_stop_rule_is_all_it_takes_to_force_lengths():
+    # A gate that never fires: both decoders stop each row where the rule
+    # says (a length past the limit at the limit, not truncated), and a
+    # rule swapped in after a graph was captured gets a graph of its own.
+    model = tiny_tacotron2(seed=1, gate_bias=-20.0)
+    cfg = DecodeSettings(max_decoder_steps=21)
+    ids, lengths = pad_sequences(lines(4, 9, 2))
+    seeds = torch.tensor([1, 2, 3])
+    decoder = GraphedDecoder(model, cfg, steps_per_graph=8)
+    with torch.inference_mode():
+        assert decoder.decode(ids, lengths, seeds).frames.tolist() == [21, 21, 21]
+        force_lengths(model, {4: 6, 9: 30, 2: 13})
+        for decoded in (decoder.decode(ids, lengths, seeds), decode(model, ids, lengths, seeds, cfg)):
+            assert decoded.frames.tolist() == [6, 21, 13] and not decoded.truncated.any()
+            assert decoded.mel.shape[2] == 21
+    assert len(decoder.graphs) == 2
+
+
+def test_the_default_stop_rule_is_the_gate_s():
+    model = sharp_gate(1, 10.0, -1.0)
+    assert model.decoder.stop_rule is gate_stops
+    cfg = DecodeSettings(max_decoder_steps=40)
+    ids, lengths = pad_sequences(lines(7, 45, 3))
+    seeds = torch.tensor([4, 5, 6])
+    with torch.inference_mode():
+        for decoded in (GraphedDecoder(model, cfg, steps_per_graph=8).decode(ids, lengths, seeds),
+                        decode(model, ids, lengths, seeds, cfg)):
+            assert decoded.frames.tolist() == [19, 16, 9] and not decoded.truncated.any()
 
 
 def test_the_fused_lstm_weights_are_the_cell_s_products_and_biases():

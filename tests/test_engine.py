@@ -10,13 +10,15 @@ import torch
 from tts_cli import scheduler as engine_module
 from tts_cli.engine import Engine, Job, SynthesisSettings, resolve_device, resolve_precision
 from tts_cli.tacotron2 import DecodeSettings
-from tiny_models import HOP, tiny_tacotron2, tiny_waveglow
+from tiny_models import HOP, force_lengths, tiny_tacotron2, tiny_waveglow
 
 
-def make_engine(**decode):
+def make_engine(frames: dict[int, int] | None = None, **decode):
+    """An engine on tiny models; ``frames``: each line's frames by its
+    symbol count (``tiny_models.force_lengths``), else its gate decides."""
     settings = SynthesisSettings(decode=DecodeSettings(**{"max_decoder_steps": 30, **decode}))
-    return Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"),
-                  torch.float32, settings)
+    tacotron2 = tiny_tacotron2(seed=2) if frames is None else force_lengths(tiny_tacotron2(seed=2), frames)
+    return Engine(tacotron2, tiny_waveglow(seed=2), torch.device("cpu"), torch.float32, settings)
 
 
 def test_cpu_runs_fp32_and_says_so():
@@ -34,16 +36,16 @@ def test_asking_for_cuda_without_a_gpu_is_a_clear_error():
 
 
 def test_a_lines_audio_and_mel_do_not_depend_on_its_batch():
-    engine = make_engine()
+    frames = {4: 6, 70: 30, 15: 17, 2: 3}
+    engine = make_engine(frames)
     g = torch.Generator().manual_seed(0)
-    jobs = [Job(torch.randint(12, 64, (n,), generator=g).tolist(), seed=10 + n, frames=f)
-            for n, f in ((4, 6), (70, 30), (15, 17), (2, 3))]
+    jobs = [Job(torch.randint(12, 64, (n,), generator=g).tolist(), seed=10 + n) for n in frames]
     together = engine.synthesize(jobs)
     for job, result in zip(jobs, together):
         alone = engine.synthesize([job])[0]
-        assert result.frames == alone.frames == job.frames
-        assert result.audio.shape == (job.frames * HOP,)
-        assert result.mel.shape == (16, job.frames)
+        assert result.frames == alone.frames == frames[len(job.ids)]
+        assert result.audio.shape == (result.frames * HOP,)
+        assert result.mel.shape == (16, result.frames)
         np.testing.assert_allclose(result.mel, alone.mel, atol=1e-5)
         scale = np.abs(alone.audio).max()
         np.testing.assert_allclose(result.audio, alone.audio, atol=1e-5 * scale)
@@ -52,9 +54,9 @@ def test_a_lines_audio_and_mel_do_not_depend_on_its_batch():
 def test_on_cpu_waveglow_runs_folded_and_gives_the_plain_models_audio():
     # The folded matrix-product WaveGlow (no Triton off CUDA) is faster on CPU
     # too; its audio must be the plain model's, as the reference computes it.
-    engine = make_engine()
+    engine = make_engine({5: 9, 2: 4})
     assert engine.fast_waveglow is not None and engine.graphed is None
-    jobs = [Job([20, 31, 40, 12, 50], seed=3, frames=9), Job([33, 21], seed=4, frames=4)]
+    jobs = [Job([20, 31, 40, 12, 50], seed=3), Job([33, 21], seed=4)]
     for fast, plain in zip(engine.synthesize(jobs), engine.eager().synthesize(jobs)):
         scale = np.abs(plain.audio).max()
         np.testing.assert_allclose(fast.audio, plain.audio, atol=1e-5 * scale)
@@ -66,10 +68,10 @@ def test_queueing_the_next_batch_early_changes_neither_results_nor_their_order(f
     # every batch must still come out once, in order, with the audio it gets
     # alone (synthesize, no threads), and a failed batch's error must stay
     # with that batch.
-    engine = make_engine()
+    engine = make_engine({5: 7, 9: 4})
     g = torch.Generator().manual_seed(4)
-    batches = [[Job(torch.randint(12, 64, (n,), generator=g).tolist(), seed=n + 10 * b, frames=f)
-                for n, f in ((5, 7), (9, 4))] for b in range(4)]
+    batches = [[Job(torch.randint(12, 64, (n,), generator=g).tolist(), seed=n + 10 * b) for n in (5, 9)]
+               for b in range(4)]
     if failing is not None:
         batches[failing] = [Job([], seed=1)]   # no symbols: the decoder fails on it
     threaded = list(engine.synthesize_all(batches))
@@ -99,8 +101,8 @@ def test_a_finished_run_leaves_none_of_its_threads_behind(monkeypatch):
         time.sleep(0.3)
 
     monkeypatch.setattr(Engine, "_vocode_stage", lingering)
-    engine = make_engine()
-    batches = [[Job([12, 13, 14] * (1 + i), seed=i, frames=5) for i in range(3)] for _ in range(3)]
+    engine = make_engine({3: 5, 6: 5, 9: 5})
+    batches = [[Job([12, 13, 14] * (1 + i), seed=i) for i in range(3)] for _ in range(3)]
     assert len(list(engine.synthesize_all(batches))) == 3
     assert not [t for t in threading.enumerate() if t.name.startswith("tts-") and t.is_alive()]
 
@@ -108,10 +110,11 @@ def test_a_finished_run_leaves_none_of_its_threads_behind(monkeypatch):
 def test_without_return_mels_the_audio_is_the_same_and_no_mel_comes_back():
     # the pipeline asks for mels only with --save-mels; leaving them on the
     # device must not change a line's audio
-    with_mels = make_engine()
-    without = Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"), torch.float32,
-                     SynthesisSettings(decode=DecodeSettings(max_decoder_steps=30), return_mels=False))
-    jobs = [Job([20, 31, 42, 17, 9], seed=3, frames=6), Job([12, 13, 14], seed=4, frames=4)]
+    frames = {5: 6, 3: 4}
+    with_mels = make_engine(frames)
+    without = Engine(force_lengths(tiny_tacotron2(seed=2), frames), tiny_waveglow(seed=2), torch.device("cpu"),
+                     torch.float32, SynthesisSettings(decode=DecodeSettings(max_decoder_steps=30), return_mels=False))
+    jobs = [Job([20, 31, 42, 17, 9], seed=3), Job([12, 13, 14], seed=4)]
     for a, b in zip(with_mels.synthesize(jobs), without.synthesize(jobs), strict=True):
         assert b.mel is None and a.mel.shape == (16, a.frames)
         assert b.frames == a.frames
@@ -122,8 +125,12 @@ def engine_threads():
     return [t for t in threading.enumerate() if t.name.startswith("tts-") and t.is_alive()]
 
 
+# short_batches' lines: 2 to 4 symbols, 4 frames each
+SHORT = {2: 4, 3: 4, 4: 4}
+
+
 def short_batches(count, size=2):
-    return [[Job([12, 13, 14, 15][: 2 + i % 3], seed=10 * b + i, frames=4) for i in range(size)]
+    return [[Job([12, 13, 14, 15][: 2 + i % 3], seed=10 * b + i) for i in range(size)]
             for b in range(count)]
 
 
@@ -133,7 +140,7 @@ def test_after_the_signal_no_batch_enters_the_decoder_and_what_was_decoded_is_wr
     # signal, still comes out; if still in the decoder, it is dropped (WaveGlow
     # would take far longer over it than the decoder did). Batch 2 never enters
     # the decoder, which works at most one batch ahead of WaveGlow.
-    engine, stop, signalled = make_engine(), threading.Event(), threading.Event()
+    engine, stop, signalled = make_engine(SHORT), threading.Event(), threading.Event()
     decoded, vocoded, waits = [], [], []
     decode, vocode, wait_until_taken = Engine.decode_only, Engine._vocode, engine_module._wait_until_taken
 
@@ -171,7 +178,7 @@ def test_after_the_signal_no_batch_enters_the_decoder_and_what_was_decoded_is_wr
 def test_every_way_out_of_a_run_stops_and_joins_the_engines_threads(monkeypatch, how):
     # A thread still running torch code when the interpreter exits aborts the
     # process (exit status 134), whatever ended the run.
-    engine, abort = make_engine(), threading.Event()
+    engine, abort = make_engine(SHORT), threading.Event()
     decode = Engine.decode_only
 
     def decoding(self, jobs):
@@ -209,7 +216,7 @@ def test_an_out_of_memory_attempt_lets_go_of_its_tensors_before_the_halves_are_t
     # attempt makes a tensor and fails; when the next attempt starts, and
     # while the errors of lines that failed alone are held, none is alive.
     import weakref
-    engine = make_engine()
+    engine = make_engine({3: 4})
     made, alive_at_retry = [], []
     original = getattr(Engine, stage)
 
@@ -222,7 +229,7 @@ def test_an_out_of_memory_attempt_lets_go_of_its_tensors_before_the_halves_are_t
         return original(self, jobs, *args)
 
     monkeypatch.setattr(Engine, stage, failing)
-    batch = [Job([20 + i, 31, 40], seed=i, frames=4) for i in range(4)]
+    batch = [Job([20 + i, 31, 40], seed=i) for i in range(4)]
     out = list(engine.synthesize_all([batch]))
     assert sorted(j.seed for jobs, _ in out for j in jobs) == [0, 1, 2, 3]
     errors = [(jobs, r) for jobs, r in out if isinstance(r, Exception)]

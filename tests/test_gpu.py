@@ -23,7 +23,7 @@ import torch
 
 from tts_cli import text as frontend
 from tts_cli.batching import pad_sequences
-from tts_cli.bench import random_models
+from tts_cli.bench import force_lengths, random_models
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.engine import Engine, Job, SynthesisSettings
 from tts_cli.kernels import decoder as decoder_kernels
@@ -137,22 +137,24 @@ TACOTRON2_SHAPES = {
 def test_graphed_decoder_with_its_kernels_equals_the_eager_decode_for_every_shape(dims, dtype):
     """GraphedDecoder (CUDA graphs and kernels.decoder) against the eager
     decode in the same dtype: gate-driven stops (37 steps at most, fp32,
-    where rounding cannot move a stop) and forced lengths; the same frame
-    counts, mels within TOLERANCE; each line alone (graphs of one row, which
-    run the few-row kernels) as in the batch."""
+    where rounding cannot move a stop) and forced lengths (the bench's
+    stop rule, ``bench.force_lengths``); the same frame counts, mels within
+    TOLERANCE; each line alone (graphs of one row, which run the few-row
+    kernels) as in the batch."""
     model = random_tacotron2(dims).to(dtype)
     ids, lengths = pad_sequences([frontend.text_to_sequence(t) for t in LINES], device="cuda")
     seeds = torch.tensor([1, 2, 3], device="cuda")
-    forced = torch.tensor([round(5.7 * len(t)) for t in LINES], device="cuda")
-    cases = [(DecodeSettings(), forced)]
+    cases = [(DecodeSettings(), True)]
     if dtype == torch.float32:
-        cases.insert(0, (DecodeSettings(max_decoder_steps=37), None))
-    for cfg, override in cases:
+        cases.insert(0, (DecodeSettings(max_decoder_steps=37), False))
+    for cfg, forced in cases:
+        if forced:
+            force_lengths(model)
         graphed = GraphedDecoder(model, cfg)
         assert graphed.attention is not None and graphed.few_rows is not None
         assert (graphed.prenet is not None) == (len(dims.prenet_dims) == 2)
-        mel, frames, truncated, path = graphed.decode(ids, lengths, seeds, override)
-        ref_mel, ref_frames, ref_truncated, ref_path = decode(model, ids, lengths, seeds, cfg, override)
+        mel, frames, truncated, path = graphed.decode(ids, lengths, seeds)
+        ref_mel, ref_frames, ref_truncated, ref_path = decode(model, ids, lengths, seeds, cfg)
         assert frames.tolist() == ref_frames.tolist() and truncated.tolist() == ref_truncated.tolist()
         err = rel(mel, ref_mel)
         print(f"{dtype}: graphed decoder vs eager, {frames.tolist()} frames: mel rel err {err:.2e}")
@@ -167,8 +169,7 @@ def test_graphed_decoder_with_its_kernels_equals_the_eager_decode_for_every_shap
         assert same > (0.95 if dtype == torch.float32 else 0.8) and peak_err < 10 * TOLERANCE[dtype]
         for i in range(3):
             n = int(lengths[i])
-            alone, _, _, _ = graphed.decode(ids[i: i + 1, :n], lengths[i: i + 1], seeds[i: i + 1],
-                                         None if override is None else override[i: i + 1])
+            alone, _, _, _ = graphed.decode(ids[i: i + 1, :n], lengths[i: i + 1], seeds[i: i + 1])
             assert rel(alone[0], mel[i, :, : alone.shape[2]]) < TOLERANCE[dtype]
 
 
@@ -209,14 +210,16 @@ def test_the_graphed_decoders_alignment_measures_are_the_eager_decoders(dtype):
                 assert torch.allclose(ours[name].float(), theirs[name].float(), atol=1e-4), (kind, name)
 
 
-def engine(dtype):
+def engine(dtype, device=torch.device("cuda")):
+    """An engine on random_models(), its lines' lengths forced as the bench forces them."""
     settings = SynthesisSettings(decode=DecodeSettings(prenet_dropout=0.5))
-    return Engine(*random_models(torch.device("cuda")), torch.device("cuda"), dtype, settings)
+    e = Engine(*random_models(device), device, dtype, settings)
+    force_lengths(e.tacotron2)
+    return e
 
 
 def jobs():
-    return [Job(frontend.text_to_sequence(t), seed=i, frames=round(5.7 * len(t)))
-            for i, t in enumerate(LINES)]
+    return [Job(frontend.text_to_sequence(t), seed=i) for i, t in enumerate(LINES)]
 
 
 @pytest.fixture(scope="module")
@@ -321,8 +324,7 @@ def test_an_engine_on_the_second_gpu_captures_and_runs_there_alone():
     torch.cuda.synchronize(0)
     on_first = torch.cuda.memory_allocated(0)
     second = torch.device("cuda:1")
-    settings = SynthesisSettings(decode=DecodeSettings(prenet_dropout=0.5))
-    e = Engine(*random_models(second), second, torch.float16, settings)
+    e = engine(torch.float16, second)
     [(_, made)] = list(e.synthesize_all([jobs()]))
     assert all(g.memory.device == second for g in e.graphed.graphs.values())
     assert torch.cuda.memory_allocated(0) == on_first

@@ -22,6 +22,7 @@ from tts_cli.checkpoints import load_tacotron2_weights, load_waveglow_weights
 from tts_cli.engine import Engine, Job, SynthesisError, SynthesisSettings
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2
 from tts_cli.waveglow import WaveGlow
+from tiny_models import force_lengths
 
 pytestmark = pytest.mark.requires_cuda
 
@@ -30,20 +31,25 @@ DEMO = ROOT / "checkpoints"
 TRANSCRIPTS = ROOT / "tts_cli" / "data" / "ljspeech_2000.psv"
 
 
+# every line demo_engine() decodes is this many frames long
+FRAMES = 300
+
+
 def demo_engine() -> Engine:
     """The shipped demo voice on the GPU, fp32, WaveGlow allowed 15 GiB:
-    a batch goes through WaveGlow whole unless memory runs out."""
-    tacotron2 = Tacotron2.from_state_dict(load_tacotron2_weights(DEMO / "demo_tacotron2.pt"))
+    a batch goes through WaveGlow whole unless memory runs out. Every line
+    FRAMES frames long, its gate aside."""
+    tacotron2 = force_lengths(Tacotron2.from_state_dict(load_tacotron2_weights(DEMO / "demo_tacotron2.pt")),
+                              lambda lengths: torch.full_like(lengths, FRAMES))
     waveglow = WaveGlow.from_state_dict(load_waveglow_weights(DEMO / "demo_waveglow.pt"))
     settings = SynthesisSettings(denoiser_strength=0.0, decode=DecodeSettings(max_decoder_steps=400),
                                  waveglow_memory_gib=15.0)
     return Engine(tacotron2, waveglow, torch.device("cuda"), torch.float32, settings)
 
 
-def jobs(count: int, symbols: int, frames: int = 300) -> list[Job]:
-    """Lines of letters (symbol ids 38..63), each decoded to ``frames`` frames."""
-    return [Job([38 + (7 * i + 3 * k) % 26 for k in range(symbols)], seed=i, frames=frames)
-            for i in range(count)]
+def jobs(count: int, symbols: int) -> list[Job]:
+    """Lines of letters (symbol ids 38..63), FRAMES frames each from ``demo_engine()``."""
+    return [Job([38 + (7 * i + 3 * k) % 26 for k in range(symbols)], seed=i) for i in range(count)]
 
 
 def run(engine: Engine, batch: list[Job]) -> list:

@@ -4,7 +4,7 @@ import weakref
 import numpy as np
 import torch
 
-from tts_cli.bench import ForcedLengths
+from tts_cli.bench import force_lengths
 from tts_cli.config import Settings
 from tts_cli.corpus import read_corpus
 from tts_cli.engine import Engine, SynthesisSettings
@@ -20,6 +20,7 @@ def test_a_run_lets_go_of_each_lines_audio_once_it_is_written(tmp_path):
     # later batch could reuse (BENCHMARKS.md, what each step bought).
     engine = Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"), torch.float32,
                     SynthesisSettings(decode=DecodeSettings(max_decoder_steps=20)))
+    force_lengths(engine.tacotron2, 0.5)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Line number {n} of the corpus.\n" for n in range(8)))
     earlier: list[weakref.ref] = []
@@ -34,7 +35,7 @@ def test_a_run_lets_go_of_each_lines_audio_once_it_is_written(tmp_path):
     engine.synthesize_all = watched
 
     summary = synthesize_corpus(Settings(batch_size=2, quiet=True), read_corpus(corpus), tmp_path / "out",
-                                on_notice=lambda m: None, engine=ForcedLengths(engine, 0.5))
+                                on_notice=lambda m: None, engine=engine)
     assert summary.counts["ok"] == 8 and len(still_held) == 4
     # when a batch comes out, only the one before it may still be in hand
     assert max(still_held) <= 2, still_held
@@ -45,6 +46,7 @@ def test_without_a_batch_size_cpu_runs_batches_of_16_shortest_first(tmp_path):
     # minute over on a CPU, and that much work for one Ctrl-C to wait for.
     engine = Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"), torch.float32,
                     SynthesisSettings(decode=DecodeSettings(max_decoder_steps=4)))
+    force_lengths(engine.tacotron2, 0.1)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Line number {n} of the corpus.\n" for n in range(40)))
     sizes = []
@@ -55,7 +57,7 @@ def test_without_a_batch_size_cpu_runs_batches_of_16_shortest_first(tmp_path):
         return run_batches(batches, **options)
     engine.synthesize_all = watched
     summary = synthesize_corpus(Settings(quiet=True, device="cpu"), read_corpus(corpus), tmp_path / "out",
-                                on_notice=lambda m: None, engine=ForcedLengths(engine, 0.1))
+                                on_notice=lambda m: None, engine=engine)
     assert summary.counts["ok"] == 40 and sizes == [8, 16, 16], "the shortest batch first on CPU"
 
 

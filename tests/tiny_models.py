@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
+from tts_cli.decode_rules import StopAfter
 from tts_cli.tacotron2 import Tacotron2, Tacotron2Dims
 from tts_cli.waveglow import WaveGlow, WaveGlowDims
 
@@ -37,6 +39,20 @@ def tiny_tacotron2(seed: int = 0, gate_bias: float | None = None) -> Tacotron2:
         model.decoder.gate_layer.linear_layer.weight.data.zero_()
         model.decoder.gate_layer.linear_layer.bias.data.fill_(gate_bias)
     return model.eval()
+
+
+def force_lengths(model: Tacotron2, frames: dict[int, int] | Callable[[torch.Tensor], torch.Tensor]
+                  ) -> Tacotron2:
+    """``model``, each line it decodes as many frames long as ``frames``
+    says for its symbol count, its gate aside: a dict {symbols: frames}
+    (a count not in it: one frame), or a function of the rows' symbol
+    counts (a tensor) giving their frames. Its stop rule swapped for a
+    ``decode_rules.StopAfter``, which reads the counts on their device."""
+    if isinstance(frames, dict):
+        table = frames
+        frames = lambda lengths: sum((lengths == symbols) * n for symbols, n in table.items())
+    model.decoder.stop_rule = StopAfter(frames)
+    return model
 
 
 def tiny_waveglow(seed: int = 0) -> WaveGlow:

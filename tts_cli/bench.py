@@ -12,10 +12,12 @@ WaveGlow's error in the run's dtype on trained weights: the demo voice's
 WaveGlow on mels from its own Tacotron2 (quality.py), beside the eager
 model's in that dtype.
 
-Random weights never stop on their own, so the bench's engine
-(``ForcedLengths``) fixes every line's decode length at round(5.7 x symbols)
-frames (LJSpeech's average speaking rate); the gate is still computed every
-step.
+Random weights never stop on their own, so the bench swaps its Tacotron2's
+stop rule from outside (``force_lengths``): every line decodes round(5.7 x
+symbols) frames (LJSpeech's average speaking rate), at most
+max_decoder_steps; the gate is still computed every step. Its lines are
+checked but not retried (``retries`` 0): each is decoded once, to its fixed
+length, so every run times the same work.
 
 Under torchrun (``run_bench_processes``) only the end-to-end run is measured,
 over all processes, one GPU each, with the same random weights everywhere; the
@@ -42,6 +44,7 @@ from tts_cli import distributed
 from tts_cli import text as frontend
 from tts_cli.config import BATCH_SIZES, REFERENCE_SAMPLE_RATE, Settings, load_settings
 from tts_cli.corpus import read_corpus
+from tts_cli.decode_rules import StopAfter
 from tts_cli.distributed import Group
 from tts_cli.engine import Engine, Job, precision_name, resolve_device, resolve_precision
 from tts_cli.pipeline import RunSummary
@@ -283,10 +286,12 @@ def _run_settings(b: BenchSettings) -> tuple[torch.device, torch.dtype, Settings
     device = resolve_device(b.device)
     dtype, _ = resolve_precision(device, b.precision)
     precision = precision_name(dtype)
-    # random_models() are NVIDIA's voice's shape: its sample rate
+    # random_models() are NVIDIA's voice's shape: its sample rate; lines
+    # checked but not retried (the module docstring says why)
     settings = load_settings(overrides={"batch_size": b.batch_size, "format": b.format,
                                         "device": str(device), "precision": precision,
-                                        "quiet": True, "seed": 0, "sample_rate": REFERENCE_SAMPLE_RATE})
+                                        "quiet": True, "seed": 0, "sample_rate": REFERENCE_SAMPLE_RATE,
+                                        "retries": 0})
     return device, dtype, settings
 
 
@@ -299,52 +304,59 @@ def _device_name(device: torch.device) -> str:
 
 
 def _ready_engine(device: torch.device, dtype: torch.dtype, settings: Settings) -> tuple[Engine, float]:
-    """An engine on random_models(), warmed up, and the seconds that took."""
+    """An engine on random_models(), its lines' lengths forced
+    (``force_lengths``), warmed up, and the seconds that took."""
     _sync(device)
     started = time.perf_counter()
     engine = Engine(*random_models(device), device, dtype, synthesis_settings(settings))
+    force_lengths(engine.tacotron2)
     _warm_up(engine, settings.batch_size)
     _sync(device)
     return engine, time.perf_counter() - started
 
 
+def force_lengths(tacotron2: Tacotron2, frames_per_symbol: float = FRAMES_PER_SYMBOL) -> None:
+    """Every line ``tacotron2`` decodes is round(frames_per_symbol x
+    symbols) frames long (at most max_decoder_steps), its gate computed
+    but not heeded: its decoder's stop rule swapped for a ``StopAfter``."""
+    tacotron2.decoder.stop_rule = StopAfter(lambda lengths: (lengths.double() * frames_per_symbol).round())
+
+
+@contextlib.contextmanager
+def _every_line(tacotron2: Tacotron2, frames: int):
+    """Every line ``tacotron2`` decodes in the block ``frames`` frames
+    long, then its stop rule as it was (the graphed decoder keeps each
+    rule's graphs apart)."""
+    decoder = tacotron2.decoder
+    kept, decoder.stop_rule = decoder.stop_rule, StopAfter(lambda lengths: torch.full_like(lengths, frames))
+    try:
+        yield
+    finally:
+        decoder.stop_rule = kept
+
+
 def _warm_up(engine: Engine, batch_size: int) -> None:
-    """One short line alone, then on CUDA a full batch of lines one to eight
-    sentences long through the threaded path a corpus takes, so a full
-    batch's kernels are loaded (CUDA loads a kernel's module on first use)
-    before the clock starts."""
+    """One short line alone, 40 frames long, then on CUDA a full batch of
+    lines one to eight sentences long, 100 frames each, through the
+    threaded path a corpus takes, so a full batch's kernels are loaded
+    (CUDA loads a kernel's module on first use) before the clock starts."""
     ids = frontend.text_to_sequence("Warming up the engine.")
-    engine.synthesize([Job(ids, seed=0, frames=40)])
+    with _every_line(engine.tacotron2, 40):
+        engine.synthesize([Job(ids, seed=0)])
     if engine.device.type != "cuda":
         return
-    batch = [Job(ids * (1 + i % 8), seed=i, frames=100) for i in range(batch_size)]
-    for _, results in engine.synthesize_all([batch]):
-        if isinstance(results, Exception):
-            raise results
-
-
-class ForcedLengths:
-    """``engine`` with every job decoding round(frames_per_symbol x symbols)
-    frames (at most max_decoder_steps), its gate aside; otherwise the engine
-    itself. What the pipeline runs in the bench."""
-
-    def __init__(self, engine: Engine, frames_per_symbol: float = FRAMES_PER_SYMBOL):
-        self.engine, self.frames_per_symbol = engine, frames_per_symbol
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-    def synthesize_all(self, batches, **options):
-        steps = self.engine.settings.decode.max_decoder_steps
-        forced = [[replace(job, frames=max(1, min(round(self.frames_per_symbol * len(job.ids)), steps)))
-                   for job in jobs] for jobs in batches]
-        return self.engine.synthesize_all(forced, **options)
+    batch = [Job(ids * (1 + i % 8), seed=i) for i in range(batch_size)]
+    with _every_line(engine.tacotron2, 100):
+        for _, results in engine.synthesize_all([batch]):
+            if isinstance(results, Exception):
+                raise results
 
 
 def _corpus_run(settings: Settings, corpus: Path, out: Path, engine: Engine,
                 group: Group | None = None) -> RunSummary:
-    """The corpus end to end through the pipeline, each line's length fixed."""
-    return Synthesizer.around(ForcedLengths(engine), settings).synthesize_to_dir(
+    """The corpus end to end through the pipeline, each line as long as the
+    engine's stop rule makes it (``force_lengths``)."""
+    return Synthesizer.around(engine, settings).synthesize_to_dir(
         read_corpus(corpus, settings.format), out, group=group)
 
 
@@ -381,7 +393,7 @@ def _baseline(engine: Engine, b: BenchSettings, settings: Settings, tmp: Path) -
 
 def _alignment_checks_cost(settings: Settings, corpus: Path, tmp: Path, engine: Engine) -> dict:
     """The corpus end to end without the alignment checks, then with them
-    again (the bench's lengths are forced, so no line is retried: this is
+    again (the bench retries no line, so no line is decoded twice: this is
     what measuring costs): their cost is 1 - again / without. The first
     run is left out of it: a process's first corpus run pays one-time costs
     (BENCHMARKS.md, Limits)."""
@@ -409,8 +421,8 @@ def _decoder_ms_per_step(engine: Engine, batch: int) -> float:
     run-to-run noise of a few hundred microseconds."""
     ids = frontend.text_to_sequence("A sentence of ordinary length for timing the decoder steps.")
     def run(frames):
-        return _timed(lambda: engine.decode_only([Job(ids, seed=i, frames=frames) for i in range(batch)]),
-                      engine.device)
+        with _every_line(engine.tacotron2, frames):
+            return _timed(lambda: engine.decode_only([Job(ids, seed=i) for i in range(batch)]), engine.device)
     return (run(900) - run(100)) / 800 * 1e3
 
 

@@ -7,6 +7,9 @@ over static buffers and replayed; the stop test runs on the device inside
 the graph and the host reads the "all rows done" flag one replay late,
 through a pinned buffer, so it never stalls the queue. The computation is the eager
 ``tacotron2.decode`` step for step (same masks, same per-line dropout keys).
+The decoder's stop rule (``Decoder.stop_rule``) is captured with the steps,
+so each rule gets graphs of its own: a rule swapped in later is captured
+anew, never replayed as the one before.
 
 Off CUDA the same static-buffer loop runs without capture, so the CPU tests
 check this module's bookkeeping (padding rows, stop flags, late reads) against
@@ -54,11 +57,11 @@ class _Graph:
     processed: Tensor         # (B, T, A)
     invalid: Tensor           # (B, T) bool
     seeds: Tensor             # (B,)
-    override: Tensor          # (B,) forced frame count, 0 = use the gate
+    lengths: Tensor           # (B,) each row's symbols (0 in padding rows), what the stop rule reads
     state: DecoderState
     step: Tensor              # (1,) next step index
     stop_at: Tensor           # (B,) frames per row; max_decoder_steps until it stops
-    gated: Tensor             # (B,) bool, the gate fired
+    gated: Tensor             # (B,) bool, the stop rule fired
     all_done: Tensor          # () bool
     mels: Tensor              # (max_steps + K, B, n_mel) decoder frames by step
     frames: Tensor            # (K, B, n_mel) this graph's frames, copied into mels once after its K steps
@@ -178,7 +181,8 @@ class GraphedDecoder:
         self.model, self.cfg = model, cfg
         # a graph holds the steps between two looks at the stop flag
         self.k, self.memory_bucket = steps_per_graph or cfg.stop_check_every, memory_bucket
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        # by (batch bucket, memory bucket, stop rule)
+        self.graphs: dict[tuple[int, int, object], _Graph] = {}
         self.on_cuda = next(model.parameters()).is_cuda
         # Captures share one side stream; the eager warm-up passes before a
         # capture (cuBLAS handles and workspaces, Triton's specialization
@@ -199,13 +203,12 @@ class GraphedDecoder:
         self.few_rows = FewRowKernels.for_decoder(decoder) if use_kernels else None
 
     @torch.inference_mode()
-    def decode(self, ids: Tensor, lengths: Tensor, seeds: Tensor,
-               frame_override: Tensor | None = None) -> Decoded:
+    def decode(self, ids: Tensor, lengths: Tensor, seeds: Tensor) -> Decoded:
         """Same contract as ``tacotron2.decode``."""
         b, t = ids.shape
         memory, invalid = self.model.encode(ids, lengths)
         g = self._graph(_batch_bucket(b), _round_up(t, self.memory_bucket), memory)
-        self._load(g, memory, invalid, seeds, frame_override)
+        self._load(g, memory, invalid, seeds, lengths)
         steps_run = self._run(g)
         frames = g.stop_at[:b].clamp(max=steps_run)
         n = int(frames.max())
@@ -232,8 +235,7 @@ class GraphedDecoder:
                 done_event.record()
         return chunks * self.k
 
-    def _load(self, g: _Graph, memory: Tensor, invalid: Tensor, seeds: Tensor,
-              override: Tensor | None) -> None:
+    def _load(self, g: _Graph, memory: Tensor, invalid: Tensor, seeds: Tensor, lengths: Tensor) -> None:
         b, t = invalid.shape
         g.memory.zero_()
         g.memory[:b, :t] = memory
@@ -243,9 +245,8 @@ class GraphedDecoder:
         g.processed.copy_(self.model.decoder.attention_layer.memory_layer(g.memory))
         g.seeds.zero_()
         g.seeds[:b] = seeds
-        g.override.zero_()
-        if override is not None:
-            g.override[:b] = override
+        g.lengths.zero_()
+        g.lengths[:b] = lengths
         for tensor in g.state.tensors():
             tensor.zero_()
         g.step.zero_()
@@ -255,8 +256,9 @@ class GraphedDecoder:
         g.gated[b:] = True
 
     def captured(self, batch: int, symbols: int) -> bool:
-        """Whether the graph a batch of this shape replays is captured."""
-        return (_batch_bucket(batch), _round_up(symbols, self.memory_bucket)) in self.graphs
+        """Whether the graph a batch of this shape replays (under the
+        decoder's stop rule now) is captured."""
+        return self._key(_batch_bucket(batch), _round_up(symbols, self.memory_bucket)) in self.graphs
 
     @torch.inference_mode()
     def prepare(self, shapes: set[tuple[int, int]]) -> None:
@@ -267,10 +269,14 @@ class GraphedDecoder:
         for b, t in shapes:
             self._graph(_batch_bucket(b), _round_up(t, self.memory_bucket), like)
 
+    def _key(self, b: int, t: int) -> tuple[int, int, object]:
+        return b, t, self.model.decoder.stop_rule
+
     def _graph(self, b: int, t: int, like: Tensor) -> _Graph:
-        if (b, t) not in self.graphs:
-            self.graphs[(b, t)] = self._capture(b, t, like)
-        return self.graphs[(b, t)]
+        key = self._key(b, t)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(b, t, like)
+        return self.graphs[key]
 
     def _capture(self, b: int, t: int, like: Tensor) -> _Graph:
         decoder = self.model.decoder
@@ -280,7 +286,7 @@ class GraphedDecoder:
             processed=decoder.attention_layer.memory_layer(memory),
             invalid=torch.zeros(b, t, dtype=torch.bool, device=like.device),
             seeds=torch.zeros(b, dtype=torch.long, device=like.device),
-            override=torch.zeros(b, dtype=torch.long, device=like.device),
+            lengths=torch.zeros(b, dtype=torch.long, device=like.device),
             state=decoder.initial_state(memory),
             step=torch.zeros(1, dtype=torch.long, device=like.device),
             stop_at=torch.zeros(b, dtype=torch.long, device=like.device),
@@ -350,13 +356,12 @@ class GraphedDecoder:
 
     def _judge_stops(self, g: _Graph) -> None:
         """The K steps' stop verdicts at once: a row stops at the first of
-        them where its gate fired (or its forced length is reached), if it had
-        not stopped before; that frame is kept, as the reference keeps it."""
+        them where the decoder's stop rule fired (the reference's: its gate),
+        if it had not stopped before; that frame is kept, as the reference
+        keeps it."""
         cfg = self.cfg
         steps = (g.step + g.offsets)[:, None]                    # (K, 1)
-        fired = torch.where(g.override > 0, g.override == steps + 1,
-                            torch.sigmoid(g.gates.float()) > cfg.gate_threshold)
-        fired &= steps < cfg.max_decoder_steps
+        fired = self.model.decoder.stop_rule(g.gates, steps, g.lengths, cfg) & (steps < cfg.max_decoder_steps)
         first = fired.to(torch.uint8).argmax(0)                  # earliest firing step per row
         newly = fired.any(0) & ~g.gated
         g.stop_at.copy_(torch.where(newly, g.step + first + 1, g.stop_at))

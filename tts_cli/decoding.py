@@ -23,7 +23,6 @@ from tts_cli.tacotron2 import Decoded, alignment_measures, decode
 class Job:
     ids: list[int]          # symbol ids of one line (or piece)
     seed: int               # its own seed (prenet dropout, WaveGlow noise)
-    frames: int | None = None  # decode exactly this many frames, the gate aside (the bench; tests)
     index: int = -1         # the caller's number for it (the pipeline's: its place in the run's work)
     retry_seeds: tuple[int, ...] = ()  # the seeds of its retries, should its alignment fail
     # Set by the decoder: the kept attempt's alignment check (``seed`` is then that attempt's).
@@ -36,7 +35,7 @@ class DecodedBatch:
     jobs: list[Job]            # as kept: each with its kept attempt's seed and its ``checked``
     mel: torch.Tensor          # (B, n_mel, F) postnet mel, zero past each row's frames
     frames: torch.Tensor       # (B,) frames per row, on the device
-    truncated: torch.Tensor    # (B,) bool: hit max_decoder_steps without the gate firing
+    truncated: torch.Tensor    # (B,) bool: hit max_decoder_steps without the stop rule firing
     counts: list[int]          # ``frames`` on the host
     cut: list[bool]            # ``truncated`` on the host
 
@@ -80,12 +79,9 @@ class Decoding:
         """Tacotron2 for one batch, unchecked: ``tacotron2.Decoded``."""
         ids, lengths = pad_sequences([j.ids for j in jobs], device=self.device)
         seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
-        override = None
-        if any(j.frames is not None for j in jobs):
-            override = torch.tensor([j.frames or 0 for j in jobs], device=self.device)
         if self.graphed is not None:
-            return self.graphed.decode(ids, lengths, seeds, override)
-        return decode(self.tacotron2, ids, lengths, seeds, self.settings.decode, override)
+            return self.graphed.decode(ids, lengths, seeds)
+        return decode(self.tacotron2, ids, lengths, seeds, self.settings.decode)
 
     @on_its_device
     @torch.inference_mode()
@@ -94,17 +90,16 @@ class Decoding:
         is decoded again with each of its retry seeds in turn until one
         passes, and its best attempt kept (``alignment.best``). The jobs come
         back as kept, each with its kept attempt's seed (which WaveGlow's
-        noise then follows) and its ``checked``.
-        A job with forced frames is checked but not retried. ``alone(b, t)``:
-        a context to decode a batch of b lines of up to t symbols in, when
-        that shape was not met before (on CUDA it may need a graph captured)."""
+        noise then follows) and its ``checked``. ``alone(b, t)``: a context
+        to decode a batch of b lines of up to t symbols in, when that shape
+        was not met before (on CUDA it may need a graph captured)."""
         t = self.settings.alignment
         decoded = self.decode_only(jobs)
         if t is None:
             return DecodedBatch(jobs, *decoded[:3], decoded.frames.tolist(), decoded.truncated.tolist())
         tried = [[health] for health in self._health(jobs, decoded)]
         attempts, rows = [decoded], [list(range(len(jobs)))]   # attempt k decoded rows[k]
-        failing = [n for n, job in enumerate(jobs) if job.frames is None and tried[n][0].failures(t)]
+        failing = [n for n in range(len(jobs)) if tried[n][0].failures(t)]
         for k in range(1, 1 + max(len(job.retry_seeds) for job in jobs)):
             failing = [n for n in failing if len(jobs[n].retry_seeds) >= k]
             if not failing:

@@ -7,9 +7,9 @@ The module tree and parameter names are NVIDIA/tacotron2's, so a checkpoint's
 
 Batched == alone (tests/test_tacotron2.py) needs, beyond the usual padding
 mask: padded positions zeroed before every encoder convolution, a packed
-encoder LSTM, masked attention scores, each row stopping on its own gate,
-and frames past a row's stop zeroed before and between the postnet
-convolutions.
+encoder LSTM, masked attention scores, each row stopping on its own verdict
+(``Decoder.stop_rule``), and frames past a row's stop zeroed before and
+between the postnet convolutions.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from tts_cli import randomness
-from tts_cli.decode_rules import DecodeSettings
+from tts_cli.decode_rules import DecodeSettings, gate_stops
 
 
 @dataclass(frozen=True)
@@ -211,6 +211,9 @@ class Decoder(nn.Module):
         self.decoder_rnn = nn.LSTMCell(d.attention_rnn_dim + d.embedding_dim, d.decoder_rnn_dim)
         self.linear_projection = LinearNorm(d.decoder_rnn_dim + d.embedding_dim, d.n_mel)
         self.gate_layer = LinearNorm(d.decoder_rnn_dim + d.embedding_dim, 1)
+        # Where rows stop (decode_rules.py): the reference's gate unless
+        # swapped from outside, as the bench fixes its lines' lengths.
+        self.stop_rule = gate_stops
 
     def initial_state(self, memory: Tensor) -> DecoderState:
         b, t, c = memory.shape
@@ -358,7 +361,7 @@ class AttentionPath(NamedTuple):
 class Decoded(NamedTuple):
     mel: Tensor          # (B, n_mel, F) postnet mel, zero past each row's frames
     frames: Tensor       # (B,) frames per row
-    truncated: Tensor    # (B,) bool: max_decoder_steps reached without the gate firing
+    truncated: Tensor    # (B,) bool: max_decoder_steps reached without the stop rule firing
     attention: AttentionPath
 
 
@@ -424,18 +427,19 @@ def alignment_measures(path: AttentionPath, frames: Tensor, lengths: Tensor, sym
 
 @torch.inference_mode()
 def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
-           cfg: DecodeSettings, frame_override: Tensor | None = None) -> Decoded:
+           cfg: DecodeSettings) -> Decoded:
     """Plain (eager) batched greedy decode.
 
-    A row stops at the first step where sigmoid(gate) > threshold and keeps that
-    frame, as the reference does. ``frame_override`` (benchmark only) forces each
-    row's stop step instead of the gate verdict; the gate is still computed.
+    A row stops at the first step where the decoder's stop rule
+    (``Decoder.stop_rule``; the reference's: sigmoid(gate) > threshold) says
+    so, and keeps that frame, as the reference does. The gate is computed
+    at every step whatever the rule.
     """
     memory, invalid = model.encode(ids, lengths)
     processed_memory = model.decoder.attention_layer.memory_layer(memory)
     state = model.decoder.initial_state(memory)
     b = ids.shape[0]
-    frames_out, gates_out, peaks, positions = [], [], [], []
+    frames_out, stops_out, peaks, positions = [], [], [], []
     stop_at = torch.full((b,), cfg.max_decoder_steps, dtype=torch.long, device=ids.device)
     k = cfg.stop_check_every
     for step in range(cfg.max_decoder_steps):
@@ -447,20 +451,18 @@ def decode(model: Tacotron2, ids: Tensor, lengths: Tensor, seeds: Tensor,
         peak, position = state.attention_weights.max(1)
         peaks.append(peak)
         positions.append(position)
-        stops = torch.sigmoid(gate.float()) > cfg.gate_threshold
-        if frame_override is not None:
-            stops = frame_override == step + 1
+        stops = model.decoder.stop_rule(gate, step, lengths, cfg)
         stop_at = torch.where(stops & (stop_at == cfg.max_decoder_steps),
                               torch.full_like(stop_at, step + 1), stop_at)
-        gates_out.append(stops)
+        stops_out.append(stops)
         if (step + 1) % cfg.stop_check_every == 0 and bool((stop_at <= step + 1).all()):
             break
     mel = torch.stack(frames_out, 2)                           # (B, n_mel, steps run)
-    stopped_by_gate = torch.stack(gates_out, 1).any(1)
+    stopped = torch.stack(stops_out, 1).any(1)
     frames = stop_at.clamp(max=mel.shape[2])
     mel = mel[:, :, : int(frames.max())]
     path = AttentionPath(torch.stack(positions, 1), torch.stack(peaks, 1))
-    return Decoded(model.postprocess(mel, frames), frames, ~stopped_by_gate, path)
+    return Decoded(model.postprocess(mel, frames), frames, ~stopped, path)
 
 
 # The shapes of NVIDIA's published tacotron2_statedict.pt (used by the benchmark,
