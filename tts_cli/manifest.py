@@ -78,6 +78,10 @@ class ManifestRow:
     # Size of the audio file in bytes as written: a re-run checks the file
     # against it with one stat (rows without it: by reading the header).
     audio_bytes: int | None = None
+    # Hash of the line's id and text as read and of all else its pieces and
+    # key follow from (resume.text_key): a re-run whose line hashes the same
+    # takes the row's key without running the text front end again.
+    text_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -251,17 +251,27 @@ def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size:
 def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: dict,
           previous: dict[str, dict], out_dir: Path) -> tuple[dict[int, ManifestRow], list[PendingLine]]:
     """Rows known before synthesis (lines with nothing to say, lines an
-    earlier run finished) and the lines left to synthesize."""
+    earlier run finished) and the lines left to synthesize. A line whose
+    earlier row has its text key keeps that row's key unread
+    (``resume.text_key``); the others are read and keyed here."""
     rows: dict[int, ManifestRow] = {}
-    pending = [p for p in (prepare_line(u, seed, rows, settings) for u in utterances) if p is not None]
     left = []
-    for p in pending:
-        p.key = resume.line_key(p.pieces, p.utterance.id, seed, identity, settings.piece_pause)
-        kept = resume.reusable_row(previous.get(p.utterance.id), p.key, p.utterance, out_dir, settings)
+    context = resume.text_context(seed, identity, settings)
+    for u in utterances:
+        old, text_key = previous.get(u.id), resume.text_key(context, u)
+        kept = resume.kept_as_read(old, text_key, u, out_dir, settings)
+        if kept is not None:
+            rows[u.line] = kept
+            continue
+        p = prepare_line(u, seed, rows, settings)
+        if p is None:
+            continue
+        p.key, p.text_key = resume.line_key(p.pieces, u.id, seed, identity, settings.piece_pause), text_key
+        kept = resume.reusable_row(old, p.key, u, out_dir, settings)
         if kept is None:
             left.append(p)
         else:
-            rows[p.utterance.line] = kept
+            rows[u.line] = replace(kept, text_key=text_key)
     return rows, left
 
 

@@ -30,6 +30,7 @@ class PendingLine:
     seeds: list[int]              # each piece's seed
     retry_seeds: list[list[int]] = field(default_factory=list)   # each piece's seeds for its retries
     key: str = ""
+    text_key: str | None = None   # resume.text_key: the id and text as read, with what they were read under
     results: list = field(default_factory=list)   # per piece: Result, Exception or None
     # why the audio cannot be what the text says, whatever the model does
     # (letters of another script, words left out): the line is suspect with this reason

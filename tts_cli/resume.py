@@ -10,7 +10,9 @@ that is whole too; anything else is made again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.metadata
 import json
 import secrets
 import stat
@@ -100,6 +102,54 @@ def line_key(pieces: list[list[int]], line_id: str, run_seed: int, identity: dic
         record["piece_pause"] = piece_pause
     canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# The code that turns a line's text into the pieces its key hashes.
+_FRONT_END = ("text.py", "spoken_forms.py", "splitting.py", "planning.py", "formats.py")
+
+
+@functools.cache
+def front_end_digest() -> str:
+    """sha256 of the text front end's code and of the libraries it reads
+    with (a change to any may change a line's pieces, so no text key made
+    before it matches after it)."""
+    digest = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in _FRONT_END:
+        digest.update((here / name).read_bytes())
+    for library in ("inflect", "Unidecode"):
+        digest.update(f"{library} {importlib.metadata.version(library)}\n".encode())
+    return digest.hexdigest()
+
+
+def text_context(run_seed: int, identity: dict, settings: Settings) -> str:
+    """What, besides a line's id and text, its pieces and key follow from:
+    the run's seed, the audio identity (models, settings, normalization,
+    device, precision), where lines are cut and the pause between pieces
+    (which the identity leaves to the pieces' ids) and the front end's
+    code. The text as read stands for the corpus format."""
+    record = {"seed": run_seed, "max_symbols_per_piece": settings.max_symbols_per_piece,
+              "piece_pause": settings.piece_pause, "front_end": front_end_digest(), **identity}
+    return hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def text_key(context: str, u: Utterance) -> str:
+    """A line's text key: its id and text as read under ``text_context``.
+    Two runs that give a line the same text key give it the same pieces and
+    resume key, so a re-run takes the key from the earlier row and leaves
+    the line's text unread (a corpus of a million lines spends most of a
+    re-run in the front end otherwise)."""
+    return hashlib.blake2b(f"{context}\0{u.id}\0{u.text}".encode(), digest_size=16).hexdigest()
+
+
+def kept_as_read(old: dict | None, text_key_now: str, u: Utterance, out_dir: Path,
+                 settings: Settings) -> ManifestRow | None:
+    """The earlier row, to keep, when it was made from the same text under
+    the same context (its text key is ``text_key_now``) and its files are
+    whole (``reusable_row`` with the row's own key); else None."""
+    if old is None or old.get("text_key") != text_key_now or not isinstance(old.get("key"), str):
+        return None
+    return reusable_row(old, old["key"], u, out_dir, settings)
 
 
 def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,

@@ -59,7 +59,7 @@ class LineWriter:
                           num_samples=int(audio.shape[0]),
                           mel_frames=sum(r.frames for r in p.results), status=status,
                           reason=reason, seed=self.run_seed, pieces=len(p.results), key=p.key,
-                          alignment=_alignment_record(p.results, s), dropped=p.dropped)
+                          alignment=_alignment_record(p.results, s), dropped=p.dropped, text_key=p.text_key)
         mel = np.concatenate([r.mel for r in p.results], axis=1) if s.save_mels else None
         if self.shards is not None:
             return self._into_shard(row, audio, mel)
