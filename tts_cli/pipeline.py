@@ -185,14 +185,25 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
 def orphans(out_dir: Path, rows: list[ManifestRow]) -> list[Path]:
     """Audio and mel files in the output's wavs/ and mels/ and their shard
     folders (the names and kinds this tool writes) that no row names: left
-    by an earlier corpus, or by a line in another audio format."""
-    named = {out_dir / (shard_of(name) or name) for row in rows for name in (row.audio_filepath, row.mel_filepath)
-             if name}
-    found = [path for kind, suffixes in (("wavs", (".wav", ".flac")), ("mels", (".npy",)))
-             for folder in _folders_of(out_dir / kind) for path in folder.iterdir()
-             if path.suffix in suffixes and path.is_file()]
-    found += [path for path in (out_dir / SHARDS).glob("shard-*.tar") if path.is_file()]
-    return sorted(path for path in found if path not in named and not path.name.startswith("."))
+    by an earlier corpus, or by a line in another audio format. Compared as
+    paths relative to ``out_dir``, from the folders' listings (no stat per
+    file where the file system says what each entry is)."""
+    named = {shard_of(name) or name for row in rows for name in (row.audio_filepath, row.mel_filepath) if name}
+    found = [f"{folder.relative_to(out_dir).as_posix()}/{name}"
+             for kind, suffixes in (("wavs", (".wav", ".flac")), ("mels", (".npy",)))
+             for folder in _folders_of(out_dir / kind) for name in _files_in(folder) if name.endswith(suffixes)]
+    found += [f"{SHARDS}/{name}" for name in _files_in(out_dir / SHARDS)
+              if name.startswith("shard-") and name.endswith(".tar")]
+    return sorted(out_dir / name for name in found if name not in named and not name.rpartition("/")[2].startswith("."))
+
+
+def _files_in(folder: Path) -> list[str]:
+    """The names of the regular files in ``folder`` (none when it is not one)."""
+    try:
+        with os.scandir(folder) as entries:
+            return [entry.name for entry in entries if entry.is_file()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _folders_of(kind: Path) -> list[Path]:
