@@ -14,6 +14,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import os
 import secrets
 import stat
 from pathlib import Path
@@ -104,6 +105,8 @@ def line_key(pieces: list[list[int]], line_id: str, run_seed: int, identity: dic
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+# A kept row is made from the earlier row's fields but these, which the line has now.
+_ROW_FIELDS = {f.name for f in dataclasses.fields(ManifestRow)} - {"line", "text", "mel_filepath"}
 # The code that turns a line's text into the pieces its key hashes.
 _FRONT_END = ("text.py", "spoken_forms.py", "splitting.py", "planning.py", "formats.py")
 
@@ -182,31 +185,31 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
             mel = None
     else:
         if (not names_a_place_for(wav, "wavs", f"{u.id}.{settings.audio_format}")
-                or not _whole_audio(out_dir / wav, old["num_samples"], old["duration"], old.get("audio_bytes"))):
+                or not _whole_audio(os.path.join(out_dir, wav), old["num_samples"], old["duration"],
+                                    old.get("audio_bytes"))):
             return None
         if (not isinstance(mel, str) or not names_a_place_for(mel, "mels", f"{u.id}.npy")
                 or _mel_frames(out_dir / mel) != old["mel_frames"]):
             mel = None
     if settings.save_mels and mel is None:
         return None
-    known = {f.name for f in dataclasses.fields(ManifestRow)}
-    row = ManifestRow(**{k: v for k, v in old.items() if k in known})
-    return dataclasses.replace(row, line=u.line, text=u.text, mel_filepath=mel)
+    return ManifestRow(**{k: v for k, v in old.items() if k in _ROW_FIELDS},
+                       **{"line": u.line, "text": u.text, "mel_filepath": mel})
 
 
-def _whole_audio(path: Path, samples: int, duration: float, size: int | None) -> bool:
+def _whole_audio(path: str, samples: int, duration: float, size: int | None) -> bool:
     """The audio file is there as the row says: at the size it was written
     at, where the row records that (one stat); else, by its header, with
     the row's samples at the row's rate (samples over duration: the row
     was written at the rate the key vouches for)."""
     if isinstance(size, int):
         try:
-            found = path.stat()
+            found = os.stat(path)
         except OSError:   # missing: make it again
             return False
         return stat.S_ISREG(found.st_mode) and found.st_size == size
     try:
-        info = sf.info(str(path))
+        info = sf.info(path)
     except (RuntimeError, OSError):   # missing or unreadable: make it again
         return False
     return info.frames == samples and duration > 0 and info.samplerate == round(samples / duration)
