@@ -117,3 +117,25 @@ def test_the_text_key_follows_the_id_the_text_and_the_context():
     # the id and the text cannot trade characters across their boundary
     assert (resume.text_key(context, Utterance(line=1, id="a", text="bc"))
             != resume.text_key(context, Utterance(line=1, id="ab", text="c")))
+
+
+def test_a_rerun_with_nothing_to_do_writes_the_manifest_once_and_one_with_work_first_drops_what_it_replaces(
+        tmp_path, tiny_checkpoints, monkeypatch):
+    from tts_cli import journal
+    corpus, out = write(tmp_path / "corpus.txt", LINES), tmp_path / "out"
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+    rows = manifest(out)
+    written = []
+    original = journal.write_manifest_lines
+
+    def recording(path, lines):
+        written.append([json.loads(line)["status"] for line in lines])
+        return original(path, lines)
+    monkeypatch.setattr(journal, "write_manifest_lines", recording)
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+    assert len(written) == 1 and manifest(out) == rows
+    written.clear()
+    changed = [*LINES[:4], "The last line of the corpus, changed."]
+    assert synth(write(corpus, changed), out, tiny_checkpoints).exit_code == 0
+    # before its WAV is replaced, the changed line's old row is gone from the manifest
+    assert written[0][-1] == "pending" and written[-1][-1] == "ok"

@@ -178,7 +178,12 @@ def coordinator(group: Group | None) -> Alone | Together:
 
 
 def _clear_earlier_job(manifest: ManifestJournal) -> None:
-    manifest.save(final=True)
+    """The manifest rewritten with the rows this run keeps, unless every
+    line has its row already and no earlier job left partial manifests (a
+    re-run with nothing to do: no file will be replaced, and the run's end
+    writes the manifest); then the earlier job's files removed."""
+    if not manifest.complete or partial_manifests(manifest.path.parent):
+        manifest.save(final=True)
     _remove_partial_manifests(manifest.path.parent)
     shutil.rmtree(manifest.path.parent / PIECES_DIR, ignore_errors=True)
 

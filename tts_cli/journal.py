@@ -40,6 +40,11 @@ class ManifestJournal:
         self._serialized: dict[int, tuple[ManifestRow, str]] = {}
         self._placeholders: dict[int, ManifestRow] = {}
 
+    @property
+    def complete(self) -> bool:
+        """Whether every line has its row (none is left to make)."""
+        return all(u.line in self.rows for u in self.utterances)
+
     def ordered(self) -> list[ManifestRow]:
         return [self.rows.get(u.line) or self._unfinished(u) for u in self.utterances]
 
