@@ -48,8 +48,8 @@ def write_audio(path: str | os.PathLike, audio: np.ndarray, sample_rate: int,
     return clipped
 
 
-def encode_audio(audio: np.ndarray, sample_rate: int, sample_format: str = "pcm16", audio_format: str = "wav",
-                 name: str | os.PathLike = "audio") -> tuple[bytes, int]:
+def encode_audio(audio: np.ndarray, sample_rate: int, sample_format: str, audio_format: str,
+                 name: str | os.PathLike) -> tuple[bytes, int]:
     """Mono ``audio`` (floats, nominally in [-1, 1]) as the bytes of a WAV or
     FLAC file (``audio_format``), and the number of samples that were
     clipped: for ``pcm16`` and ``pcm24`` the samples with magnitude above
@@ -122,8 +122,9 @@ def write_mel(path: str | os.PathLike, mel: np.ndarray) -> None:
             mel_file.write(data)
 
 
-def encode_mel(mel: np.ndarray, name: str | os.PathLike = "mel") -> bytes:
-    """A mel spectrogram ``[n_mel, frames]`` as the bytes of a float32 ``.npy`` file."""
+def encode_mel(mel: np.ndarray, name: str | os.PathLike) -> bytes:
+    """A mel spectrogram ``[n_mel, frames]`` as the bytes of a float32
+    ``.npy`` file; ``name`` names the file in errors."""
     array = np.asarray(mel, dtype=np.float32)
     if array.ndim != 2:
         raise ValueError(f"{os.fspath(name)}: mel must be 2-D [n_mel, frames], got shape {array.shape}")
