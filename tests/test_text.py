@@ -563,9 +563,10 @@ def test_numbers_read_as_a_plainly_imported_inflect_reads_them():
 
 def test_reading_numbers_leaves_typeguard_as_it_was_for_other_code():
     typeguard = pytest.importorskip("typeguard")
+    from typeguard._decorators import typechecked   # where typeguard defines it, whatever ran before
     before = typeguard.typechecked
     front_end._import_inflect()
-    assert typeguard.typechecked is before
+    assert typeguard.typechecked is before is typechecked
 
 
 def test_the_stand_in_for_typeguard_leaves_a_function_as_it_is_however_it_is_applied():
@@ -742,6 +743,17 @@ def test_the_reference_normalization_reads_as_nvidias_cleaners(text):
         c for c in clean_text(text) if c in _CHAR_TABLE)
 
 
+def test_the_reference_normalization_is_the_front_ends_default():
+    reading = front_end.read("Up 12%.")
+    assert (reading.text, reading.dropped) == ("up twelve.", "%")
+    assert reading == front_end.read("Up 12%.", "reference")
+
+
+def test_ids_are_read_by_the_normalization_asked_for():
+    assert text_to_sequence("12%", "extended") == ids_of("twelve percent")
+    assert text_to_sequence("12%") == text_to_sequence("12%", "reference") == ids_of("twelve")
+
+
 def test_arpabet_is_not_touched_by_the_spoken_forms():
     ids, spoken = normalize("{HH AW1 S} 12% {S}", "extended")
     assert spoken == "{HH AW1 S} twelve percent {S}"
@@ -806,6 +818,8 @@ def test_the_characters_left_unsaid_are_named(text, normalization, dropped, lost
         ("\u03a9mega and caf\u00e9", "\u03a9"),          # Latin letters with accents are Latin
         ("na\u00efve \u00c5ngstr\u00f6m 3\u00bd \u2014 \u00a9", ""),   # digits, marks and symbols are no letters
         ("plain text", ""),
+        # Tangut ideographs: letters that Python's Unicode database gives no name
+        ("\U00017000\U00017001 x", "\U00017000\U00017001"),
     ],
 )
 def test_the_letters_of_other_scripts_are_named_once_each_in_order(text, foreign):
