@@ -155,3 +155,21 @@ def test_a_line_in_another_script_is_made_with_a_caution_naming_its_letters_and_
 def test_a_line_with_nothing_to_say_keeps_what_it_left_unsaid_in_its_row():
     pending, row = plan("%%% ###", text_normalization="reference")
     assert pending is None and (row.status, row.dropped) == ("skipped", "%#")
+
+
+def test_a_cut_lines_pieces_are_read_by_the_runs_normalization():
+    # each piece as the whole line would read: "12%" is "twelve percent", not "twelve"
+    pending, _ = plan("Up 12% today. Down 5% tomorrow.", max_symbols_per_piece=30, text_normalization="extended")
+    assert pending.normalized == "up twelve percent today. down five percent tomorrow."
+    assert pending.pieces == [normalize_ids("up twelve percent today."), normalize_ids("down five percent tomorrow.")]
+
+
+def test_a_caution_names_at_most_12_characters_and_40_of_the_reading():
+    greek = "\u03b1\u03b2\u03b3\u03b4\u03b5\u03b6\u03b7\u03b8\u03b9\u03ba\u03bb\u03bc\u03bd"   # 13 letters
+    pending, _ = plan(f"Forty characters of plain English to read, then {greek}.")
+    assert pending.caution == ("letters of another script the voice cannot say ('\u03b1\u03b2\u03b3\u03b4\u03b5"
+                               "\u03b6\u03b7\u03b8\u03b9\u03ba\u03bb\u03bc'), read as their Latin "
+                               "transliteration: 'forty characters of plain english to rea'")
+    emoji = "".join(chr(0x1F600 + k) for k in range(13))
+    pending, _ = plan(f"Hi {emoji}")
+    assert pending.caution == f"characters the voice cannot say, left out: {emoji[:12]!r}"
