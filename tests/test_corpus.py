@@ -413,15 +413,26 @@ def test_a_binary_file_is_refused_as_not_text(tmp_path):
     synthesized as noise, so it is refused in one line naming the file."""
     path = tmp_path / "ls"
     path.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00hello\nworld\n")
-    with pytest.raises(CorpusError, match=r"ls: not a text file \(a NUL byte at byte 8\)"):
+    with pytest.raises(CorpusError) as error:
+        read_corpus(path)
+    assert str(error.value) == (f"{path}: not a text file (a NUL byte at byte 8); give a UTF-8 text corpus, "
+                                "one line per utterance")
+
+
+def test_a_file_whose_first_byte_is_nul_is_refused_as_not_text(tmp_path):
+    path = tmp_path / "utf16.txt"
+    path.write_bytes("Hi.\nThere.\n".encode("utf-16-be"))    # b"\0H\0i..."
+    with pytest.raises(CorpusError, match=r"utf16.txt: not a text file \(a NUL byte at byte 1\)"):
         read_corpus(path)
 
 
 def test_a_corpus_mostly_in_another_encoding_is_refused(tmp_path):
     path = tmp_path / "latin1.txt"
     path.write_bytes("Café crème.\nNaïve façade.\nPlain line.\n".encode("latin-1"))
-    with pytest.raises(CorpusError, match=r"2 of 3 lines are not valid UTF-8.*iconv"):
+    with pytest.raises(CorpusError) as error:
         read_corpus(path)
+    assert str(error.value) == (f"{path}: 2 of 3 lines are not valid UTF-8, so it is not a UTF-8 text file; "
+                                "convert it (iconv -t UTF-8) or give the text corpus")
 
 
 def test_one_bad_line_among_good_ones_is_that_line_s_problem_only(tmp_path):
