@@ -2,8 +2,10 @@
 long lines. (Killing a real process: test_crash.py.)"""
 import dataclasses
 import errno
+import io
 import os
 import re
+import tarfile
 import threading
 from pathlib import Path
 
@@ -542,6 +544,19 @@ def test_a_row_that_records_its_files_size_is_checked_by_it_and_one_without_by_t
     assert reusable_row(row, "k", Utterance(1, "a", "Hi."), tmp_path, Settings()) is None, "a folder is no WAV"
 
 
+def test_an_older_row_whose_audio_is_missing_or_unreadable_is_made_again(tmp_path):
+    # rows without audio_bytes are checked by the header, which must be there to read
+    assert verdict(tmp_path).audio_filepath == "wavs/a.wav"
+    from tts_cli.corpus import Utterance
+    from tts_cli.resume import reusable_row
+    kept = dataclasses.asdict(verdict(tmp_path))
+    assert kept["audio_bytes"] is None
+    (tmp_path / "wavs" / "a.wav").write_bytes(b"RIFF")   # a WAV cut short after 4 bytes
+    assert reusable_row(kept, "k", Utterance(1, "a", "Hi."), tmp_path, Settings()) is None, "an unreadable file"
+    (tmp_path / "wavs" / "a.wav").unlink()
+    assert reusable_row(kept, "k", Utterance(1, "a", "Hi."), tmp_path, Settings()) is None, "a missing file"
+
+
 def test_rows_record_the_size_their_files_were_written_at(tmp_path, tiny_checkpoints):
     out = tmp_path / "out"
     assert synth(write(tmp_path, LINES), out, tiny_checkpoints).exit_code == 0
@@ -554,6 +569,74 @@ def test_a_mel_file_that_is_not_a_2d_float32_array_is_not_vouched_for(tmp_path, 
     assert verdict(tmp_path).mel_filepath == "mels/a.npy"
     kept = verdict(tmp_path, mel)
     assert kept.audio_filepath == "wavs/a.wav" and kept.mel_filepath is None
+
+
+# --- ... and in the webdataset layout, where the files are members of tar shards
+
+SHARD = "shards/shard-000001.tar"
+WAV = audio.encode_audio(np.zeros(100), 1000, "pcm16", "wav", "a")[0]
+MEL = audio.encode_mel(np.zeros((80, 7), dtype=np.float32), "a")
+
+
+def write_shard(out_dir, members):
+    """shards/shard-000001.tar in ``out_dir``, holding ``members`` (name: bytes)."""
+    (out_dir / "shards").mkdir(parents=True)
+    with tarfile.open(out_dir / SHARD, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def shard_verdict(out_dir, line_id="a", save_mels=False, **changes):
+    """reusable_row's verdict, in the webdataset layout, on a finished line
+    whose row names ``<key>.wav`` (of WAV's size) and ``<key>.npy`` in SHARD,
+    with ``changes`` made to the row."""
+    from tts_cli.corpus import Utterance
+    from tts_cli.manifest import ManifestRow
+    from tts_cli.resume import reusable_row
+    key = line_id.replace(".", "_")
+    row = ManifestRow(id=line_id, line=1, text="Hi.", normalized_text="hi.", audio_filepath=f"{SHARD}/{key}.wav",
+                      duration=0.1, num_samples=100, mel_frames=7, status="ok", reason=None,
+                      mel_filepath=f"{SHARD}/{key}.npy", key="k", audio_bytes=len(WAV))
+    settings = Settings(layout="webdataset", save_mels=save_mels)
+    return reusable_row({**dataclasses.asdict(row), **changes}, "k", Utterance(1, line_id, "Hi."), out_dir, settings)
+
+
+def test_a_line_whose_members_are_whole_in_their_shard_is_kept_with_its_mel(tmp_path):
+    write_shard(tmp_path, {"a.wav": WAV, "a.json": b"{}", "a.npy": MEL, "a_1.wav": WAV, "a_1.npy": MEL})
+    kept = shard_verdict(tmp_path, save_mels=True)
+    assert (kept.audio_filepath, kept.mel_filepath) == (f"{SHARD}/a.wav", f"{SHARD}/a.npy")
+    kept = shard_verdict(tmp_path, "a.1")                        # a member's key has no "."
+    assert (kept.audio_filepath, kept.mel_filepath) == (f"{SHARD}/a_1.wav", f"{SHARD}/a_1.npy")
+
+
+@pytest.mark.parametrize("members, changes", [
+    ({"a.wav": WAV}, {"audio_bytes": len(WAV) + 1}),                      # not the size it was written at
+    ({"a.wav": WAV}, {"audio_bytes": None}),                              # a size to check it by is needed
+    ({"a.wav": WAV, "b.wav": WAV}, {"audio_filepath": f"{SHARD}/b.wav"}),  # another line's audio
+    ({"a.flac": WAV}, {"audio_filepath": f"{SHARD}/a.flac"}),              # not the run's --audio-format
+    ({"b.wav": WAV}, {}),                                                 # not in the shard
+    (None, {}),                                                           # the shard is gone
+    ({"a.wav": WAV}, {"audio_filepath": "shards/a.wav"}),                 # no shard named
+])
+def test_a_line_whose_audio_is_not_the_whole_member_its_row_names_is_made_again(tmp_path, members, changes):
+    if members is not None:
+        write_shard(tmp_path, members)
+    assert shard_verdict(tmp_path, **changes) is None
+
+
+@pytest.mark.parametrize("members, changes", [
+    ({}, {}),                                                    # the mel is not in the shard
+    ({"b.npy": MEL}, {"mel_filepath": f"{SHARD}/b.npy"}),          # another line's mel
+    ({"a.npy": MEL}, {"mel_filepath": None}),                     # the row names none
+])
+def test_a_line_whose_mel_is_not_in_its_shard_keeps_its_audio_unless_mels_are_asked_for(tmp_path, members,
+                                                                                         changes):
+    write_shard(tmp_path, {"a.wav": WAV, **members})
+    kept = shard_verdict(tmp_path, **changes)
+    assert (kept.audio_filepath, kept.mel_filepath) == (f"{SHARD}/a.wav", None)
+    assert shard_verdict(tmp_path, save_mels=True, **changes) is None
 
 
 def test_the_seed_is_the_given_one_else_the_manifests_else_a_random_31_bit_one():
