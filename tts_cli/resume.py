@@ -193,8 +193,7 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
             mel = None
     if settings.save_mels and mel is None:
         return None
-    return ManifestRow(**{k: v for k, v in old.items() if k in _ROW_FIELDS},
-                       **{"line": u.line, "text": u.text, "mel_filepath": mel})
+    return ManifestRow(**{k: v for k, v in old.items() if k in _ROW_FIELDS}, line=u.line, text=u.text, mel_filepath=mel)
 
 
 def _whole_audio(path: str, samples: int, duration: float, size: int | None) -> bool:

@@ -28,7 +28,6 @@ them, with the run's own ``sample_rate`` / ``denoiser_strength`` where set.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass, replace
@@ -37,6 +36,7 @@ from pathlib import Path
 from tts_cli.config import Settings
 from tts_cli.devices import expected_device, expected_precision
 from tts_cli.errors import FatalError, OutputNotice
+from tts_cli.remembered import remembered
 
 PUBLISHED_FILES = {
     "tacotron2": "tacotron2_statedict.pt",
@@ -193,22 +193,8 @@ def remembered_digest(path: str | os.PathLike) -> str:
         raise FatalError(f"{name}: cannot read: {exc.strerror or exc}") from None
     identity = [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
     memo = _digest_cache() / f"{hashlib.sha256(os.path.realpath(name).encode()).hexdigest()[:32]}.json"
-    try:
-        kept = json.loads(memo.read_text())
-        if kept["file"] == identity:
-            return kept["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    digest = file_digest(name)
-    if time.time_ns() - max(stat.st_mtime_ns, stat.st_ctime_ns) > SETTLED_SECONDS * 1e9:
-        try:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            temporary = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
-            temporary.write_text(json.dumps({"file": identity, "sha256": digest}))
-            temporary.replace(memo)
-        except OSError:
-            pass
-    return digest
+    settled = time.time_ns() - max(stat.st_mtime_ns, stat.st_ctime_ns) > SETTLED_SECONDS * 1e9
+    return remembered(memo, identity, lambda: file_digest(name), keep=settled)
 
 
 def _digest_cache() -> Path:

@@ -12,11 +12,12 @@ torch. Tests run the kernels on the CPU through Triton's interpreter
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
 import torch
+
+from tts_cli.remembered import remembered
 
 try:
     import triton
@@ -90,22 +91,7 @@ def remembered_triton_key() -> None:
     computed = getattr(cache, "triton_key", None)
     if computed is None or getattr(computed, "remembered", False):
         return
-    fingerprint = _triton_files_fingerprint()
-    path = _triton_cache_dir() / "tts-batch-triton-key.json"
-    try:
-        kept = json.loads(path.read_text())
-        key = kept["key"] if kept.get("fingerprint") == fingerprint else None
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
-        key = None
-    if key is None:
-        key = computed()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            temporary.write_text(json.dumps({"fingerprint": fingerprint, "key": key}))
-            temporary.replace(path)
-        except OSError:
-            pass
+    key = remembered(_triton_cache_dir() / "tts-batch-triton-key.json", _triton_files_fingerprint(), computed)
 
     def triton_key() -> str:
         return key
