@@ -8,11 +8,17 @@ cannot serve to plain torch.
 ``available()`` is False without Triton or CUDA; the callers then run plain
 torch. Tests run the kernels on the CPU through Triton's interpreter
 (tests/test_kernels_interpreted.py).
+
+Every launch is a ``Launch``, made by a pure function of the widths and
+dtype (``kernels.decoder.attention_launch`` and the like), so what a
+launcher launches can be known, and compiled, without launching it.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +33,29 @@ except ImportError:  # CPU-only installs: the plain torch paths run instead
 
 def available() -> bool:
     return triton is not None and torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel configuration, all that Triton compiles for a launch: the
+    kernel; its arguments, each a tensor of ``dtype`` unless ``args`` names
+    it (a tensor's other dtype, a number's value as launched, or None for an
+    integer the kernel does not specialize on); its constexpr arguments; and
+    the launch options."""
+    kernel: Callable
+    dtype: torch.dtype
+    args: dict[str, torch.dtype | int | float | None]
+    constexprs: dict[str, object]
+    num_warps: int
+    num_stages: int | None = None        # None: Triton's default
+
+    def run(self, grid: tuple[int, ...], *args) -> None:
+        """The kernel over ``grid`` on ``args``, its non-constexpr arguments
+        in order, each tensor of the dtype this launch says."""
+        for name, x in zip(self.kernel.arg_names, args):
+            assert not isinstance(x, torch.Tensor) or x.dtype == self.args.get(name, self.dtype), (name, x.dtype)
+        stages = {} if self.num_stages is None else {"num_stages": self.num_stages}
+        self.kernel[grid](*args, **self.constexprs, num_warps=self.num_warps, **stages)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

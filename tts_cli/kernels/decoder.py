@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tts_cli.kernels import dot_precision as _dot_precision, triton
+from tts_cli.kernels import Launch, dot_precision as _dot_precision, triton
 from tts_cli.randomness import MIX_MULTIPLIERS
 
 if triton is not None:
@@ -146,13 +146,27 @@ if triton is not None:
             tl.store(cum_out_ptr + row_t + t, cum.to(cum_out_ptr.dtype.element_ty), mask=in_t)
 
 
-# Launch shape of attention_step (one program per row): 8 warps hold a
-# (BLOCK_T, 512) tile of memory and a (128, 128) tile of W_q in registers.
-_ATTENTION_WARPS, _ATTENTION_BLOCK_T, _ATTENTION_BLOCK_R, _ATTENTION_BLOCK_E = 8, 32, 128, 512
-
+# Launch shape of attention_step (one program per row), chosen on an H200
+# for the published widths:
+_ATTENTION_WARPS = 8       # H200: enough threads to hold the memory and W_q tiles in registers
+_ATTENTION_BLOCK_T = 32    # H200: positions a block; the location product's rows (tl.dot takes 16 at least)
+_ATTENTION_BLOCK_R = 128   # H200: W_q's columns a block: a (128, 128) tile at the published attention dim
+_ATTENTION_BLOCK_E = 512   # H200: the published memory width: the context in one pass over T
 
 def _pow2(n: int, at_least: int = 16) -> int:
     return max(at_least, 1 << (n - 1).bit_length())
+
+
+def attention_launch(dtype: torch.dtype, r: int, a: int, k: int, e: int, t: int, has_query: bool) -> Launch:
+    """``attention_step``'s launch for these widths (its R, A, K, E and T)
+    in ``dtype``."""
+    block_a, block_j = _pow2(a), _pow2(2 * k)
+    return Launch(_attention_step_kernel, dtype,
+                  dict(q_ptr=torch.float32, invalid_ptr=torch.uint8, e_ptr=torch.float32, T=t, E=e),
+                  dict(HAS_QUERY=has_query, R=r, A=a, K=k, DOT_PRECISION=_dot_precision(dtype),
+                       BLOCK_R=min(_ATTENTION_BLOCK_R, _pow2(r)), BLOCK_A=block_a, BLOCK_J=block_j,
+                       BLOCK_T=_ATTENTION_BLOCK_T, BLOCK_E=min(_ATTENTION_BLOCK_E, _pow2(e))),
+                  num_warps=_ATTENTION_WARPS)
 
 
 def fold_location_weight(conv_weight: Tensor, dense_weight: Tensor) -> Tensor:
@@ -201,15 +215,11 @@ def attention_step(ah: Tensor, w_query: Tensor, w_location: Tensor, weights: Ten
     assert weights_out.data_ptr() not in (weights.data_ptr(), weights_cum.data_ptr())
     if query is not None:
         assert query.shape == (b, a) and query.dtype == torch.float32 and query.is_contiguous()
+    launch = attention_launch(weights.dtype, r, a, k, e, t, query is not None)
     energies = torch.empty(b, t, dtype=torch.float32, device=memory.device)
-    _attention_step_kernel[(b,)](
-        ah, w_query, query if query is not None else energies, w_location, weights, weights_cum,
-        processed_memory, v, invalid.view(torch.uint8),
-        memory, context_out, weights_out, weights_cum_out, energies, t, e,
-        HAS_QUERY=query is not None, R=r, A=a, K=k, DOT_PRECISION=_dot_precision(weights.dtype),
-        BLOCK_R=min(_ATTENTION_BLOCK_R, _pow2(r)), BLOCK_A=_pow2(a), BLOCK_J=_pow2(2 * k),
-        BLOCK_T=_ATTENTION_BLOCK_T, BLOCK_E=min(_ATTENTION_BLOCK_E, _pow2(e)),
-        num_warps=_ATTENTION_WARPS)
+    launch.run((b,), ah, w_query, query if query is not None else energies, w_location, weights, weights_cum,
+               processed_memory, v, invalid.view(torch.uint8),
+               memory, context_out, weights_out, weights_cum_out, energies, t, e)
 
 
 # ---------------------------------------------------------------------------
@@ -228,10 +238,18 @@ if triton is not None:
         tl.store(q_ptr + row * A + outs, q, mask=in_outs)
 
 
-# Launch shape of query_product: 8 outputs per program, so at batch 1 the
-# query layer (128 x 1,024: 256 KiB in fp16) spreads over 16 SMs; 8 warps,
-# the fastest of the shapes swept (BENCHMARKS.md, tried and lost).
-_QUERY_WARPS, _QUERY_BLOCK_O = 8, 8
+# Launch shape of query_product, chosen on an H200 at batch 1 (BENCHMARKS.md,
+# tried and lost); its W_q blocks are attention_step's (_ATTENTION_BLOCK_R).
+_QUERY_WARPS = 8           # H200: the fastest of the shapes swept, 4 warps slower
+_QUERY_BLOCK_O = 8         # H200: outputs per program: the query layer (128 x 1,024) spreads over 16 SMs
+
+
+def query_launch(dtype: torch.dtype, r: int, a: int) -> Launch:
+    """``query_product``'s launch for ah (B, R) and W_q (A, R) in ``dtype``."""
+    return Launch(_query_product_kernel, dtype, dict(q_ptr=torch.float32),
+                  dict(R=r, A=a, BLOCK_O=min(_QUERY_BLOCK_O, _pow2(a, at_least=1)),
+                       BLOCK_R=min(_ATTENTION_BLOCK_R, _pow2(r))),
+                  num_warps=_QUERY_WARPS)
 
 
 def query_product(ah: Tensor, w_query: Tensor, out: Tensor) -> Tensor:
@@ -242,10 +260,8 @@ def query_product(ah: Tensor, w_query: Tensor, out: Tensor) -> Tensor:
     a = w_query.shape[0]
     assert w_query.shape == (a, r) and out.shape == (b, a) and out.dtype == torch.float32
     assert ah.is_contiguous() and w_query.is_contiguous() and out.is_contiguous() and ah.dtype == w_query.dtype
-    block_o = min(_QUERY_BLOCK_O, _pow2(a, at_least=1))
-    _query_product_kernel[(b, triton.cdiv(a, block_o))](
-        ah, w_query, out, R=r, A=a, BLOCK_O=block_o, BLOCK_R=min(_ATTENTION_BLOCK_R, _pow2(r)),
-        num_warps=_QUERY_WARPS)
+    launch = query_launch(ah.dtype, r, a)
+    launch.run((b, triton.cdiv(a, launch.constexprs["BLOCK_O"])), ah, w_query, out)
     return out
 
 
@@ -269,7 +285,9 @@ if triton is not None:
         uniform = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
         return tl.where(uniform >= P, SCALE, 0.0)
 
-    @triton.jit
+    # The step offset is not specialized on: Triton would compile offsets 0,
+    # 1 and the rest apart, all into the same code.
+    @triton.jit(do_not_specialize=["step_offset"])
     def _prenet_step_kernel(x_ptr, w1_ptr, w2_ptr, m1_ptr, m2_ptr, out_ptr, x_stride,
                             seeds_ptr, step_ptr, step_offset, P, SCALE,
                             K: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr,
@@ -308,11 +326,12 @@ if triton is not None:
         tl.store(out_ptr + row * H2 + o, y.to(out_ptr.dtype.element_ty), mask=in_o)
 
 
-# Launch shape of prenet_step: programs of 8 warps, each with a (64, H1)
-# block of W2 (32 KiB in fp16 at H1 = 256) besides all of W1 (40 KiB), so at
-# batch 1 four SMs share the second layer's weights instead of one streaming
-# all 128 KiB. A block as wide as H2 gives one program per row.
-_PRENET_WARPS, _PRENET_BLOCK_K, _PRENET_BLOCK_O = 8, 32, 64
+# Launch shape of prenet_step, chosen on an H200 for the published widths:
+# each program holds a (BLOCK_O, H1) block of W2 (32 KiB in fp16 at H1 =
+# 256) besides all of W1 (40 KiB).
+_PRENET_WARPS = 8          # H200: 8 warps hold the (64, H1) block of W2 in registers
+_PRENET_BLOCK_K = 32       # H200: W1's input columns per block, so its (H1, 32) tile stays small
+_PRENET_BLOCK_O = 64       # H200: at batch 1 four SMs share W2 instead of one streaming all 128 KiB
 
 
 @dataclass(frozen=True)
@@ -325,6 +344,20 @@ class StepDropout:
     step: Tensor
     offset: int
     p: float
+
+
+def prenet_launch(dtype: torch.dtype, k: int, h1: int, h2: int, masks: int, x_stride: int) -> Launch:
+    """``prenet_step``'s launch for a frame (B, K) of row stride
+    ``x_stride`` and layers H1 and H2 wide, in ``dtype``; ``masks`` 0 (none),
+    1 (given) or 2 (drawn)."""
+    drawn = masks == 2     # seeds and step: (B,) and (1,) int64; else unread, and `out` stands in
+    return Launch(_prenet_step_kernel, dtype,
+                  dict(x_stride=x_stride, seeds_ptr=torch.int64 if drawn else dtype,
+                       step_ptr=torch.int64 if drawn else dtype, step_offset=None,
+                       P=0.0, SCALE=0.0),     # any float compiles alike
+                  dict(K=k, H1=h1, H2=h2, MASKS=masks, BLOCK_K=min(_PRENET_BLOCK_K, _pow2(k)),
+                       BLOCK_H1=_pow2(h1), BLOCK_O=min(_PRENET_BLOCK_O, _pow2(h2))),
+                  num_warps=_PRENET_WARPS)
 
 
 def prenet_step(frame: Tensor, w1: Tensor, w2: Tensor, masks: list[Tensor] | StepDropout | None,
@@ -360,12 +393,9 @@ def prenet_step(frame: Tensor, w1: Tensor, w2: Tensor, masks: list[Tensor] | Ste
         assert mask1.shape == (b, h1) and mask2.shape == (b, h2)
         assert mask1.is_contiguous() and mask2.is_contiguous()
     mode = 0 if masks is None else 2 if isinstance(masks, StepDropout) else 1
-    block_o = min(_PRENET_BLOCK_O, _pow2(h2))
-    _prenet_step_kernel[(b, triton.cdiv(h2, block_o))](
-        frame, w1, w2, mask1, mask2, out, frame.stride(0), seeds, step, offset, p, scale,
-        K=k, H1=h1, H2=h2, MASKS=mode,
-        BLOCK_K=min(_PRENET_BLOCK_K, _pow2(k)), BLOCK_H1=_pow2(h1), BLOCK_O=block_o,
-        num_warps=_PRENET_WARPS)
+    launch = prenet_launch(frame.dtype, k, h1, h2, mode, frame.stride(0))
+    launch.run((b, triton.cdiv(h2, launch.constexprs["BLOCK_O"])),
+               frame, w1, w2, mask1, mask2, out, frame.stride(0), seeds, step, offset, p, scale)
     return out
 
 
@@ -432,12 +462,26 @@ if triton is not None:
         tl.store(h_out_ptr + row * H + j, h_new.to(h_out_ptr.dtype.element_ty), mask=in_j)
 
 
-# Launch shape of lstm_cell: one hidden unit per program (its four gate
-# rows), programs of 4 warps, the inputs in K blocks of 1,024: at batch 1 and
-# H = 1024 a cell runs as 1,024 small programs, several per SM, so many
-# weight loads are in flight at once, which beats both wider programs and
-# cuBLAS's concatenation, two products and cell (BENCHMARKS.md, tried and lost).
-_LSTM_WARPS, _LSTM_BLOCK_J, _LSTM_BLOCK_K = 4, 1, 1024
+# Launch shape of lstm_cell, chosen on an H200 at batch 1: at H = 1024 a
+# cell runs as 1,024 small programs, several per SM, so many weight loads
+# are in flight at once, which beats both wider programs and cuBLAS's
+# concatenation, two products and cell (BENCHMARKS.md, tried and lost).
+_LSTM_WARPS = 4            # H200: small programs, several per SM
+_LSTM_BLOCK_J = 1          # H200: one hidden unit (its four gate rows) per program
+_LSTM_BLOCK_K = 1024       # H200: the inputs in K blocks of 1,024; 256 was slower
+
+
+def lstm_launch(dtype: torch.dtype, in_a: int, in_b: int, hidden: int,
+                strides: tuple[int, int, int, int]) -> Launch:
+    """``lstm_cell``'s launch for inputs I_a and I_b and H hidden units in
+    ``dtype``, a, b, h and c read with these row strides."""
+    a_stride, b_stride, h_stride, c_stride = strides
+    return Launch(_lstm_cell_kernel, dtype,
+                  dict(bias_ptr=torch.float32, a_stride=a_stride, b_stride=b_stride, h_stride=h_stride,
+                       c_stride=c_stride),
+                  dict(IN_A=in_a, IN_B=in_b, H=hidden, BLOCK_J=min(_LSTM_BLOCK_J, _pow2(hidden, at_least=1)),
+                       BLOCK_K=min(_LSTM_BLOCK_K, _pow2(max(in_a, in_b, hidden)))),
+                  num_warps=_LSTM_WARPS)
 
 
 def fuse_lstm_weights(weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor | None,
@@ -488,11 +532,10 @@ def lstm_cell(a: Tensor, b: Tensor, h: Tensor, c: Tensor, weight: Tensor, bias: 
     h_out computed from the unrounded c_out; each row is computed on its own,
     in an order that does not depend on B. Returns (h_out, c_out)."""
     rows, in_a, in_b, hidden = _lstm_cell_shapes(a, b, h, c, weight, bias, h_out, c_out)
-    block_j = min(_LSTM_BLOCK_J, _pow2(hidden, at_least=1))
-    _lstm_cell_kernel[(rows, triton.cdiv(hidden, block_j))](
-        a, b, h, c, weight, bias, h_out, c_out, a.stride(0), b.stride(0), h.stride(0), c.stride(0),
-        IN_A=in_a, IN_B=in_b, H=hidden, BLOCK_J=block_j,
-        BLOCK_K=min(_LSTM_BLOCK_K, _pow2(max(in_a, in_b, hidden))), num_warps=_LSTM_WARPS)
+    strides = (a.stride(0), b.stride(0), h.stride(0), c.stride(0))
+    launch = lstm_launch(a.dtype, in_a, in_b, hidden, strides)
+    launch.run((rows, triton.cdiv(hidden, launch.constexprs["BLOCK_J"])),
+               a, b, h, c, weight, bias, h_out, c_out, *strides)
     return h_out, c_out
 
 
@@ -538,10 +581,24 @@ if triton is not None:
         tl.store(gate_ptr + row * gate_stride + (o - N_MEL), y.to(gate_ptr.dtype.element_ty), mask=o == N_MEL)
 
 
-# Launch shape of output_step: 2 outputs per program, K blocks of 1,024, so
-# at batch 1 the 81 stacked rows (1,536 wide) spread over 41 programs, the
-# fastest of the shapes swept (BENCHMARKS.md, tried and lost).
-_OUTPUT_WARPS, _OUTPUT_BLOCK_O, _OUTPUT_BLOCK_K = 4, 2, 1024
+# Launch shape of output_step, chosen on an H200 at batch 1: the fastest of
+# the shapes swept (BENCHMARKS.md, tried and lost).
+_OUTPUT_WARPS = 4          # H200: small programs, several per SM
+_OUTPUT_BLOCK_O = 2        # H200: 2 outputs per program: the 81 stacked rows spread over 41 programs
+_OUTPUT_BLOCK_K = 1024     # H200: the inputs (1,536 wide) in K blocks of 1,024; 256 was slower
+
+
+def output_launch(dtype: torch.dtype, d: int, e: int, n_out: int, strides: tuple[int, int, int, int]) -> Launch:
+    """``output_step``'s launch for inputs D and E wide and n_mel + 1
+    stacked outputs in ``dtype``, with these row strides of the decoder
+    hidden state, the context, the frame and the gate."""
+    dh_stride, ctx_stride, frame_stride, gate_stride = strides
+    return Launch(_output_step_kernel, dtype,
+                  dict(dh_stride=dh_stride, ctx_stride=ctx_stride, frame_stride=frame_stride,
+                       gate_stride=gate_stride),
+                  dict(D=d, E=e, N_MEL=n_out - 1, BLOCK_O=min(_OUTPUT_BLOCK_O, _pow2(n_out, at_least=1)),
+                       BLOCK_K=min(_OUTPUT_BLOCK_K, _pow2(max(d, e)))),
+                  num_warps=_OUTPUT_WARPS)
 
 
 def output_step(decoder_hidden: Tensor, context: Tensor, weight: Tensor, bias: Tensor,
@@ -566,10 +623,9 @@ def output_step(decoder_hidden: Tensor, context: Tensor, weight: Tensor, bias: T
     assert decoder_hidden.stride(1) == context.stride(1) == frame_out.stride(1) == 1
     assert weight.is_contiguous() and bias.is_contiguous()
     assert decoder_hidden.dtype == context.dtype == weight.dtype == frame_out.dtype == gate_out.dtype
-    block_o = min(_OUTPUT_BLOCK_O, _pow2(n_out, at_least=1))
-    _output_step_kernel[(rows, triton.cdiv(n_out, block_o))](
-        decoder_hidden, context, weight, bias, frame_out, gate_out, decoder_hidden.stride(0),
-        context.stride(0), frame_out.stride(0), gate_out.stride(0), D=d, E=e, N_MEL=n_out - 1,
-        BLOCK_O=block_o, BLOCK_K=min(_OUTPUT_BLOCK_K, _pow2(max(d, e))), num_warps=_OUTPUT_WARPS)
+    strides = (decoder_hidden.stride(0), context.stride(0), frame_out.stride(0), gate_out.stride(0))
+    launch = output_launch(decoder_hidden.dtype, d, e, n_out, strides)
+    launch.run((rows, triton.cdiv(n_out, launch.constexprs["BLOCK_O"])),
+               decoder_hidden, context, weight, bias, frame_out, gate_out, *strides)
     return frame_out, gate_out
 

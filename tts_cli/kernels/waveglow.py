@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tts_cli.kernels import dot_precision, triton
+from tts_cli.kernels import Launch, dot_precision, triton
 
 if triton is not None:
     import triton.language as tl
@@ -196,16 +196,21 @@ if triton is not None:
         tl.store(x, acc.to(x_ptr.dtype.element_ty), mask=mask)
 
 
-# Launch configs: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages). The first of
-# each pair tiles channel counts that are multiples of 128 and is the one the
-# autotuner chose on H200s at C = 256 (the published width) every time it
-# ran; fixed, it spares every run the autotuning (BENCHMARKS.md: the other
-# candidates under tried and lost, the start-up saved under what each step
-# bought). The second tiles any multiple of 64. float32 (the exactness
-# reference, not a speed mode) runs one small tile: its dot products are
-# exact FMA loops, slow to compile in large tiles.
-TAPS_COND_GATE_CONFIGS = {128: (128, 128, 32, 8, 4), 64: (128, 64, 64, 8, 3)}
-RESIDUAL_CONFIGS = {128: (128, 128, 64, 8, 3), 64: (128, 64, 64, 4, 4)}
+# Launch configs: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), by the
+# multiple of 64 the channel count is; fixed, they spare every run the
+# autotuning (BENCHMARKS.md: the other candidates under tried and lost, the
+# start-up saved under what each step bought). The 128 ones were chosen on
+# H200s.
+TAPS_COND_GATE_CONFIGS = {
+    128: (128, 128, 32, 8, 4),   # H200: the autotuner's choice at C = 256, the published width, every time it ran
+    64: (128, 64, 64, 8, 3),     # any multiple of 64
+}
+RESIDUAL_CONFIGS = {
+    128: (128, 128, 64, 8, 3),   # H200: the autotuner's choice at C = 256
+    64: (128, 64, 64, 4, 4),     # any multiple of 64
+}
+# float32 (the exactness reference, not a speed mode) runs one small tile:
+# its dot products are exact FMA loops, slow to compile in large tiles.
 FLOAT32_CONFIG = (64, 64, 32, 4, 3)
 
 # One fixed launch config for every kernel, e.g. {"BLOCK_M": 64, "BLOCK_N":
@@ -224,6 +229,29 @@ def launch_config(configs: dict, c: int, dtype: torch.dtype) -> dict:
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps, "num_stages": stages}
 
 
+def taps_cond_gate_launch(dtype: torch.dtype, c: int, win: int, phases: int, fast_tanh: bool,
+                          out_stride: int) -> Launch:
+    """``taps_cond_gate``'s launch over C channels, a WIN-wide window and
+    P phases in ``dtype``, ``out`` of this row stride."""
+    cfg = launch_config(TAPS_COND_GATE_CONFIGS, c, dtype)
+    return Launch(_taps_cond_gate_kernel, dtype,
+                  dict(n_rows=None, phase_rows=None, item_rows=None, frames=None, dilation=None,
+                       out_stride=out_stride),
+                  dict(C=c, WIN=win, PHASES=phases, DOT_PRECISION=dot_precision(dtype), FAST_TANH=fast_tanh,
+                       BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"]),
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def residual_launch(dtype: torch.dtype, c: int, a_stride: int) -> Launch:
+    """``residual_update``'s launch over C channels in ``dtype``, the
+    activations of this row stride."""
+    cfg = launch_config(RESIDUAL_CONFIGS, c, dtype)
+    return Launch(_residual_update_kernel, dtype, dict(n_rows=None, a_stride=a_stride),
+                  dict(C=c, DOT_PRECISION=dot_precision(dtype),
+                       BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"]),
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
 def _check_widths(*widths: int) -> None:
     for width in widths:
         if width % CHANNELS_MULTIPLE:
@@ -231,17 +259,18 @@ def _check_widths(*widths: int) -> None:
                              "(FastWaveGlow does)")
 
 
-def _check_tiles(cfg: dict, c: int, k_width: int) -> None:
+def _check_tiles(launch: Launch, c: int, k_width: int) -> None:
     """The launch's blocks tile C and the K widths exactly, and a row block
     never straddles two phases: the kernels read and write no element
     outside their operands only then."""
+    cfg = launch.constexprs
     assert c % cfg["BLOCK_N"] == 0 and c % cfg["BLOCK_K"] == 0 and k_width % cfg["BLOCK_K"] == 0, (cfg, c)
     assert PHASE_ROWS_MULTIPLE % cfg["BLOCK_M"] == 0, cfg
 
 
-def _grid(n_rows: int, c: int, cfg: dict) -> tuple[int]:
+def _grid(n_rows: int, c: int, launch: Launch) -> tuple[int]:
     """Row blocks x column blocks of C, the column blocks innermost."""
-    return (triton.cdiv(n_rows, cfg["BLOCK_M"]) * (c // cfg["BLOCK_N"]),)
+    return (triton.cdiv(n_rows, launch.constexprs["BLOCK_M"]) * (c // launch.constexprs["BLOCK_N"]),)
 
 
 def taps_cond_gate(x: Tensor, keep: Tensor, windows: Tensor, w_cond: Tensor, b_cond: Tensor,
@@ -270,13 +299,11 @@ def taps_cond_gate(x: Tensor, keep: Tensor, windows: Tensor, w_cond: Tensor, b_c
     assert w_cond.shape == (win, rows.phases, 2 * c) and b_cond.shape == (2 * c,) and b_cond.is_contiguous()
     assert out.stride(1) == 1 and out.shape == (n, c)
     assert x.dtype == w_taps.dtype == w_cond.dtype == windows.dtype
-    cfg = launch_config(TAPS_COND_GATE_CONFIGS, c, x.dtype)
-    _check_tiles(cfg, c, win)
-    _taps_cond_gate_kernel[_grid(n, c, cfg)](
-        x, keep, windows, w_cond, b_cond, w_taps, out,
-        n, rows.phase_rows, rows.item_rows, rows.frames, dilation, out.stride(0),
-        C=c, WIN=win, PHASES=rows.phases, DOT_PRECISION=dot_precision(x.dtype),
-        FAST_TANH=bool(fast_tanh and x.is_cuda and x.dtype != torch.float32), **cfg)
+    launch = taps_cond_gate_launch(x.dtype, c, win, rows.phases,
+                                   bool(fast_tanh and x.is_cuda and x.dtype != torch.float32), out.stride(0))
+    _check_tiles(launch, c, win)
+    launch.run(_grid(n, c, launch), x, keep, windows, w_cond, b_cond, w_taps, out,
+               n, rows.phase_rows, rows.item_rows, rows.frames, dilation, out.stride(0))
     return out
 
 
@@ -292,8 +319,7 @@ def residual_update(acts: Tensor, w_res: Tensor, b_res: Tensor, x: Tensor) -> Te
     assert x.is_contiguous() and w_res.is_contiguous() and b_res.is_contiguous()
     assert acts.shape == (n, c) and acts.stride(1) == 1 and w_res.shape == (c, c) and b_res.shape == (c,)
     assert acts.dtype == w_res.dtype == x.dtype
-    cfg = launch_config(RESIDUAL_CONFIGS, c, x.dtype)
-    _check_tiles(cfg, c, c)
-    _residual_update_kernel[_grid(n, c, cfg)](acts, w_res, b_res, x, n, acts.stride(0), C=c,
-                                              DOT_PRECISION=dot_precision(x.dtype), **cfg)
+    launch = residual_launch(x.dtype, c, acts.stride(0))
+    _check_tiles(launch, c, c)
+    launch.run(_grid(n, c, launch), acts, w_res, b_res, x, n, acts.stride(0))
     return x
