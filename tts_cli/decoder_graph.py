@@ -26,7 +26,9 @@ as one launch too, and the attention's query product as a launch of its own
 over many programs: those kernels' programs each read all of the weights
 for their row, so larger batches keep cuBLAS's products, which read them once
 for all rows (BENCHMARKS.md, tried and lost). At batch 1 a step is then
-eight launches.
+eight launches. A part whose kernel does not serve the model's widths
+(``kernel_launches``: an attention or prenet wider than the kernels hold)
+runs as its module, and ``notices`` says so.
 """
 from __future__ import annotations
 
@@ -36,9 +38,12 @@ import torch
 from torch import Tensor, nn
 
 from tts_cli import kernels as triton_kernels
-from tts_cli.kernels import decoder as kernels
+from tts_cli.kernels import Launch, decoder as kernels
 from tts_cli.tacotron2 import (Attention, AttentionPath, DecodeSettings, Decoded, Decoder, DecoderState,
-                               Prenet, Tacotron2, masks_for_steps)
+                               Prenet, Tacotron2, Tacotron2Dims, masks_for_steps)
+
+# A graph's memory length (the batch's symbols) is a multiple of this.
+MEMORY_BUCKET = 32
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -48,6 +53,31 @@ def _round_up(n: int, multiple: int) -> int:
 def _batch_bucket(n: int) -> int:
     """Powers of two up to 64, then multiples of 64: few graphs, little padding."""
     return 1 << (n - 1).bit_length() if n <= 64 else _round_up(n, 64)
+
+
+def kernel_launches(dims: Tacotron2Dims, dtype: torch.dtype) -> dict[str, Launch | None]:
+    """Every kernel launch the graph decoder makes for a Tacotron2 of these
+    dimensions in ``dtype``, by the part it computes; None for a part whose
+    kernel does not serve these widths, which runs as its module. The row
+    strides are those of the decoder's buffers (each its width; the gate
+    logits' 1); memory lengths are multiples of MEMORY_BUCKET."""
+    d = dims
+    r, a, e, h = d.attention_rnn_dim, d.attention_dim, d.embedding_dim, d.decoder_rnn_dim
+    x = d.prenet_dims[-1]
+    launches = {
+        "attention": kernels.attention_launch(dtype, r, a, d.location_kernel, e, MEMORY_BUCKET, False),
+        "attention after its query product": kernels.attention_launch(dtype, r, a, d.location_kernel, e,
+                                                                      MEMORY_BUCKET, True),
+        "query product": kernels.query_launch(dtype, r, a),
+        "attention LSTM": kernels.lstm_launch(dtype, x, e, r, (x, e, r, r)),
+        "decoder LSTM": kernels.lstm_launch(dtype, r, e, h, (r, e, h, h)),
+        "projection and gate": kernels.output_launch(dtype, h, e, d.n_mel + 1, (h, e, d.n_mel, 1)),
+    }
+    if len(d.prenet_dims) == 2:   # the prenet kernel is two layers, as published
+        launches["prenet"] = kernels.prenet_launch(dtype, d.n_mel, d.prenet_dims[0], x, 0, d.n_mel)
+        launches["prenet drawing its masks"] = kernels.prenet_launch(dtype, d.n_mel, d.prenet_dims[0], x, 2,
+                                                                     d.n_mel)
+    return launches
 
 
 @dataclass
@@ -158,12 +188,12 @@ class FewRowKernels:
     attention_rnn: _FusedLSTMCell
     decoder_rnn: _FusedLSTMCell
     output: _FusedOutput
-    attention: _FusedAttention
+    attention: _FusedAttention | None   # None: the Attention module runs
 
     @classmethod
-    def for_decoder(cls, decoder: Decoder) -> "FewRowKernels":
-        return cls(_FusedLSTMCell(decoder.attention_rnn), _FusedLSTMCell(decoder.decoder_rnn),
-                   _FusedOutput(decoder), _FusedAttention(decoder.attention_layer, split_query=True))
+    def for_decoder(cls, decoder: Decoder, attention: bool) -> "FewRowKernels":
+        return cls(_FusedLSTMCell(decoder.attention_rnn), _FusedLSTMCell(decoder.decoder_rnn), _FusedOutput(decoder),
+                   _FusedAttention(decoder.attention_layer, split_query=True) if attention else None)
 
 
 class GraphedDecoder:
@@ -174,7 +204,7 @@ class GraphedDecoder:
     few_rows_max_batch = 1
 
     def __init__(self, model: Tacotron2, cfg: DecodeSettings, steps_per_graph: int | None = None,
-                 memory_bucket: int = 32, use_kernels: bool | None = None):
+                 memory_bucket: int = MEMORY_BUCKET, use_kernels: bool | None = None):
         """``use_kernels``: run the fused Triton kernels (None: where they
         can run, on CUDA with Triton; tests pass True to run them under
         Triton's interpreter)."""
@@ -196,11 +226,18 @@ class GraphedDecoder:
         if use_kernels is None:
             use_kernels = self.on_cuda and triton_kernels.available()
         decoder = model.decoder
+        launches = kernel_launches(model.dims, next(model.parameters()).dtype) if use_kernels else {}
         # None where the modules run instead
-        self.attention = _FusedAttention(decoder.attention_layer) if use_kernels else None
-        # the prenet kernel is two layers, as published
-        self.prenet = _FusedPrenet(decoder.prenet) if use_kernels and len(decoder.prenet.layers) == 2 else None
-        self.few_rows = FewRowKernels.for_decoder(decoder) if use_kernels else None
+        self.attention = _FusedAttention(decoder.attention_layer) if launches.get("attention") else None
+        self.prenet = _FusedPrenet(decoder.prenet) if launches.get("prenet") else None
+        self.few_rows = (FewRowKernels.for_decoder(decoder, attention=self.attention is not None)
+                         if use_kernels else None)
+        # One line for each part a kernel would run but for the model's widths.
+        d, wide = model.dims, [part for part in ("attention", "prenet") if part in launches and not launches[part]]
+        widths = {"attention": f"attention dim {d.attention_dim} by {d.location_kernel} location taps",
+                  "prenet": f"first layer {d.prenet_dims[0]} units"}
+        self.notices = [f"this Tacotron2's {part} ({widths[part]}) is wider than its GPU kernel serves: "
+                        "it runs as the plain module (slower)" for part in wide]
 
     @torch.inference_mode()
     def decode(self, ids: Tensor, lengths: Tensor, seeds: Tensor) -> Decoded:

@@ -112,22 +112,25 @@ class Engine(Decoding, Vocoding, Scheduling):
         # float32 inverses of the 1x1 convolutions, computed once from the
         # float32 weights, before the model is cast.
         self.inverse_weights = [w.to(device) for w in waveglow.float().inverse_weights()]
+        on_gpu = self.fast and device.type == "cuda"
+        # The GPU kernels run on the GPUs they are checked for; elsewhere a notice says why not.
+        use_kernels, refused = kernels.usable(device) if on_gpu else (False, None)
         # One-line notices for the run: a model the fast path cannot serve runs plain.
-        self.notices: list[str] = []
+        self.notices: list[str] = [refused] if refused else []
         # built from the float32 weights too (the folds are computed in float32)
         self.fast_waveglow = None
         if self.fast and supports(waveglow.dims):
-            self.fast_waveglow = FastWaveGlow(waveglow.to(device), dtype)
+            self.fast_waveglow = FastWaveGlow(waveglow.to(device), dtype, use_kernels=use_kernels)
         elif self.fast:
             self.notices.append(f"this WaveGlow's dilated convolutions have {waveglow.dims.wn_kernel} taps; "
                                 "the fast path needs 3, so it runs as the plain model (slower)")
         self.tacotron2 = tacotron2.to(device=device, dtype=dtype).eval()
         self.waveglow = waveglow.to(device=device, dtype=dtype).eval()
-        on_gpu = self.fast and device.type == "cuda"
-        self.graphed = GraphedDecoder(self.tacotron2, settings.decode) if on_gpu else None
+        self.graphed = GraphedDecoder(self.tacotron2, settings.decode, use_kernels=use_kernels) if on_gpu else None
+        self.notices += self.graphed.notices if on_gpu else []
         # First run of these shapes on this machine: Triton compiles the kernels.
         self.compiled = None
-        if on_gpu and kernels.available():
+        if use_kernels:
             self.compiled = kernels.CompiledMark(f"{tacotron2.dims} {waveglow.dims} {dtype}")
             kernels.remembered_triton_key()
             if not self.compiled.seen():

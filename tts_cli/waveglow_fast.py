@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from tts_cli import kernels, randomness
-from tts_cli.kernels import waveglow as wg_kernels
+from tts_cli.kernels import Launch, waveglow as wg_kernels
 from tts_cli.waveglow import WaveGlow, WaveGlowDims
 
 
@@ -115,6 +115,26 @@ def _flow_weights(model: WaveGlow, k: int, dtype: torch.dtype, channels: int, wi
     )
 
 
+def kernel_widths(dims: WaveGlowDims) -> tuple[int, int]:
+    """The channel count and window width the kernels run a WaveGlow of
+    these dimensions at: the model's, padded to CHANNELS_MULTIPLE."""
+    window = (dims.upsample_kernel // dims.hop_length) * dims.n_mel
+    return (wg_kernels.round_up(dims.wn_channels, wg_kernels.CHANNELS_MULTIPLE),
+            wg_kernels.round_up(window, wg_kernels.CHANNELS_MULTIPLE))
+
+
+def kernel_launches(dims: WaveGlowDims, dtype: torch.dtype) -> dict[str, Launch]:
+    """Every kernel launch FastWaveGlow makes on CUDA for a WaveGlow of
+    these dimensions in ``dtype``, by the product it computes: each layer's
+    activations are a column block of the (rows, L C) activations."""
+    channels, window = kernel_widths(dims)
+    launches = {"taps, conditioning and gate": wg_kernels.taps_cond_gate_launch(
+        dtype, channels, window, dims.hop_length // dims.n_group, dtype != torch.float32, dims.wn_layers * channels)}
+    if dims.wn_layers > 1:    # the last layer has no residual half
+        launches["residual update"] = wg_kernels.residual_launch(dtype, channels, dims.wn_layers * channels)
+    return launches
+
+
 def supports(dims: WaveGlowDims) -> bool:
     """Whether FastWaveGlow can run a WaveGlow of these dimensions: its
     dilated convolutions are three-tap, as in every published WaveGlow."""
@@ -163,11 +183,9 @@ class FastWaveGlow:
         device = model.upsample.weight.device
         self.use_kernels = (device.type == "cuda" and kernels.available()) if use_kernels is None else use_kernels
         d = model.dims
-        window = (d.upsample_kernel // d.hop_length) * d.n_mel
-        multiple = wg_kernels.CHANNELS_MULTIPLE if self.use_kernels else 1
         # the kernels' width: the model's channels and window, padded
-        self.channels = wg_kernels.round_up(d.wn_channels, multiple)
-        self.window = wg_kernels.round_up(window, multiple)
+        self.channels, self.window = (kernel_widths(d) if self.use_kernels
+                                      else (d.wn_channels, (d.upsample_kernel // d.hop_length) * d.n_mel))
         self.dims = d
         self.dtype = dtype
         self.flows = [_flow_weights(model, k, dtype, self.channels, self.window) for k in range(d.n_flows)]

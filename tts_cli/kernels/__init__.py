@@ -10,8 +10,10 @@ torch. Tests run the kernels on the CPU through Triton's interpreter
 (tests/test_kernels_interpreted.py).
 
 Every launch is a ``Launch``, made by a pure function of the widths and
-dtype (``kernels.decoder.attention_launch`` and the like), so what a
-launcher launches can be known, and compiled, without launching it.
+dtype (``kernels.decoder.attention_launch`` and the like), so that
+tests/test_kernel_targets.py compiles exactly what the engine launches for
+each GPU in ``TARGETS``, without a GPU, and checks that it fits there. On
+any other GPU the engine runs the plain torch paths (``usable``).
 """
 from __future__ import annotations
 
@@ -35,6 +37,17 @@ def available() -> bool:
     return triton is not None and torch.cuda.is_available()
 
 
+# The GPUs the kernels are compiled and checked for (tests/test_kernel_targets.py),
+# by compute capability: the most shared memory one block may use there, in
+# bytes (the CUDA programming guide's per-block opt-in limit).
+TARGETS = {
+    (8, 0): 163 * 1024,   # A100
+    (8, 6): 99 * 1024,    # A10, RTX 30xx
+    (8, 9): 99 * 1024,    # L4, RTX 40xx
+    (9, 0): 227 * 1024,   # H100, H200
+}
+
+
 @dataclass(frozen=True)
 class Launch:
     """One kernel configuration, all that Triton compiles for a launch: the
@@ -56,6 +69,31 @@ class Launch:
             assert not isinstance(x, torch.Tensor) or x.dtype == self.args.get(name, self.dtype), (name, x.dtype)
         stages = {} if self.num_stages is None else {"num_stages": self.num_stages}
         self.kernel[grid](*args, **self.constexprs, num_warps=self.num_warps, **stages)
+
+
+def usable(device: torch.device) -> tuple[bool, str | None]:
+    """Whether the kernels run on this CUDA device: where Triton and CUDA
+    are there and ``refused`` has no reason against it. The notice: where
+    they could be but are not run, the line saying why."""
+    if not available():
+        return False, None
+    notice = refused(device)
+    return notice is None, notice
+
+
+def refused(device: torch.device) -> str | None:
+    """Where the kernels do not run on this CUDA device, the one-line notice
+    saying why; None where they do: an NVIDIA GPU of a capability in TARGETS."""
+    if torch.version.hip is not None:
+        reason = "the GPU kernels are NVIDIA-only (inline PTX) and this is a ROCm GPU"
+    else:
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) in TARGETS:
+            return None
+        checked = ", ".join(f"{a}.{b}" for a, b in TARGETS)
+        reason = (f"the GPU kernels are compiled and checked for compute capability {checked}, "
+                  f"and this GPU's is {major}.{minor}")
+    return f"{reason}: running the plain PyTorch path instead (slower)"
 
 
 def dot_precision(dtype: torch.dtype) -> str:

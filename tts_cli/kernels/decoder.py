@@ -152,15 +152,27 @@ _ATTENTION_WARPS = 8       # H200: enough threads to hold the memory and W_q til
 _ATTENTION_BLOCK_T = 32    # H200: positions a block; the location product's rows (tl.dot takes 16 at least)
 _ATTENTION_BLOCK_R = 128   # H200: W_q's columns a block: a (128, 128) tile at the published attention dim
 _ATTENTION_BLOCK_E = 512   # H200: the published memory width: the context in one pass over T
+# The widest tile attention_step serves: (BLOCK_A, BLOCK_J), the attention
+# dim and the folded location weight's 2K taps, each rounded up to a power
+# of two. The (A, 2K) weight sits whole in shared memory and registers: the
+# published (128, 64) tile takes 88 KiB of shared memory in fp32, under the
+# 99 KiB an RTX-class GPU gives a block; (256, 64) takes 120 KiB and
+# (64, 128) 112 KiB (tests/test_kernel_targets.py). A wider attention runs
+# as the Attention module (decoder_graph.py).
+ATTENTION_MAX_TILE = (128, 64)
+
 
 def _pow2(n: int, at_least: int = 16) -> int:
     return max(at_least, 1 << (n - 1).bit_length())
 
 
-def attention_launch(dtype: torch.dtype, r: int, a: int, k: int, e: int, t: int, has_query: bool) -> Launch:
+def attention_launch(dtype: torch.dtype, r: int, a: int, k: int, e: int, t: int,
+                     has_query: bool) -> Launch | None:
     """``attention_step``'s launch for these widths (its R, A, K, E and T)
-    in ``dtype``."""
+    in ``dtype``; None where its tile is wider than ATTENTION_MAX_TILE."""
     block_a, block_j = _pow2(a), _pow2(2 * k)
+    if block_a > ATTENTION_MAX_TILE[0] or block_j > ATTENTION_MAX_TILE[1]:
+        return None
     return Launch(_attention_step_kernel, dtype,
                   dict(q_ptr=torch.float32, invalid_ptr=torch.uint8, e_ptr=torch.float32, T=t, E=e),
                   dict(HAS_QUERY=has_query, R=r, A=a, K=k, DOT_PRECISION=_dot_precision(dtype),
@@ -216,6 +228,7 @@ def attention_step(ah: Tensor, w_query: Tensor, w_location: Tensor, weights: Ten
     if query is not None:
         assert query.shape == (b, a) and query.dtype == torch.float32 and query.is_contiguous()
     launch = attention_launch(weights.dtype, r, a, k, e, t, query is not None)
+    assert launch is not None, f"attention dim {a} with {k} location taps: wider than attention_step serves"
     energies = torch.empty(b, t, dtype=torch.float32, device=memory.device)
     launch.run((b,), ah, w_query, query if query is not None else energies, w_location, weights, weights_cum,
                processed_memory, v, invalid.view(torch.uint8),
@@ -332,6 +345,12 @@ if triton is not None:
 _PRENET_WARPS = 8          # H200: 8 warps hold the (64, H1) block of W2 in registers
 _PRENET_BLOCK_K = 32       # H200: W1's input columns per block, so its (H1, 32) tile stays small
 _PRENET_BLOCK_O = 64       # H200: at batch 1 four SMs share W2 instead of one streaming all 128 KiB
+# The widest first prenet layer prenet_step serves (rounded up to a power of
+# two): each program holds the hidden layer and a (BLOCK_O, H1) block of W2
+# in registers. At 512 nothing spills; at 1,024 fp32 spills 232-256 bytes a
+# thread on every GPU in TARGETS (tests/test_kernel_targets.py). A wider
+# prenet runs as the Prenet module.
+PRENET_MAX_HIDDEN = 512
 
 
 @dataclass(frozen=True)
@@ -346,10 +365,12 @@ class StepDropout:
     p: float
 
 
-def prenet_launch(dtype: torch.dtype, k: int, h1: int, h2: int, masks: int, x_stride: int) -> Launch:
+def prenet_launch(dtype: torch.dtype, k: int, h1: int, h2: int, masks: int, x_stride: int) -> Launch | None:
     """``prenet_step``'s launch for a frame (B, K) of row stride
     ``x_stride`` and layers H1 and H2 wide, in ``dtype``; ``masks`` 0 (none),
-    1 (given) or 2 (drawn)."""
+    1 (given) or 2 (drawn). None where H1 is wider than PRENET_MAX_HIDDEN."""
+    if _pow2(h1) > PRENET_MAX_HIDDEN:
+        return None
     drawn = masks == 2     # seeds and step: (B,) and (1,) int64; else unread, and `out` stands in
     return Launch(_prenet_step_kernel, dtype,
                   dict(x_stride=x_stride, seeds_ptr=torch.int64 if drawn else dtype,
@@ -394,6 +415,7 @@ def prenet_step(frame: Tensor, w1: Tensor, w2: Tensor, masks: list[Tensor] | Ste
         assert mask1.is_contiguous() and mask2.is_contiguous()
     mode = 0 if masks is None else 2 if isinstance(masks, StepDropout) else 1
     launch = prenet_launch(frame.dtype, k, h1, h2, mode, frame.stride(0))
+    assert launch is not None, f"a prenet of {h1} hidden units: wider than prenet_step serves"
     launch.run((b, triton.cdiv(h2, launch.constexprs["BLOCK_O"])),
                frame, w1, w2, mask1, mask2, out, frame.stride(0), seeds, step, offset, p, scale)
     return out

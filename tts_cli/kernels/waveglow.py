@@ -199,8 +199,11 @@ if triton is not None:
 # Launch configs: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), by the
 # multiple of 64 the channel count is; fixed, they spare every run the
 # autotuning (BENCHMARKS.md: the other candidates under tried and lost, the
-# start-up saved under what each step bought). The 128 ones were chosen on
-# H200s.
+# start-up saved under what each step bought). Each fits every GPU in
+# TARGETS (tests/test_kernel_targets.py). The 128 ones were chosen on H200s
+# and trade occupancy for deep pipelines: in 16-bit they take 64-96 KiB of
+# shared memory a block, so an RTX-class GPU (100 KiB an SM) runs one at a
+# time on an SM.
 TAPS_COND_GATE_CONFIGS = {
     128: (128, 128, 32, 8, 4),   # H200: the autotuner's choice at C = 256, the published width, every time it ran
     64: (128, 64, 64, 8, 3),     # any multiple of 64
