@@ -206,8 +206,8 @@ class GraphedDecoder:
     def __init__(self, model: Tacotron2, cfg: DecodeSettings, steps_per_graph: int | None = None,
                  memory_bucket: int = MEMORY_BUCKET, use_kernels: bool | None = None):
         """``use_kernels``: run the fused Triton kernels (None: where they
-        can run, on CUDA with Triton; tests pass True to run them under
-        Triton's interpreter)."""
+        run, on a CUDA device of kernels.TARGETS with Triton; tests pass
+        True to run them under Triton's interpreter)."""
         self.model, self.cfg = model, cfg
         # a graph holds the steps between two looks at the stop flag
         self.k, self.memory_bucket = steps_per_graph or cfg.stop_check_every, memory_bucket
@@ -224,7 +224,7 @@ class GraphedDecoder:
         if self.on_cuda:
             self.flag = self.flag.pin_memory()
         if use_kernels is None:
-            use_kernels = self.on_cuda and triton_kernels.available()
+            use_kernels = self.on_cuda and triton_kernels.usable(next(model.parameters()).device)[0]
         decoder = model.decoder
         launches = kernel_launches(model.dims, next(model.parameters()).dtype) if use_kernels else {}
         # None where the modules run instead

@@ -174,14 +174,16 @@ class FastWaveGlow:
     """Inference-only WaveGlow over re-laid weights; see the module docstring."""
 
     def __init__(self, model: WaveGlow, dtype: torch.dtype, use_kernels: bool | None = None):
-        """``use_kernels``: run the CUDA kernels (None: where they can run,
-        on a CUDA device with Triton; tests pass True to run them under
-        Triton's interpreter). Raises ValueError for a model ``supports``
-        refuses."""
+        """``use_kernels``: run the CUDA kernels (None: where they run, on
+        a CUDA device of kernels.TARGETS with Triton; tests pass True to run
+        them under Triton's interpreter). Raises ValueError for a model
+        ``supports`` refuses."""
         if not supports(model.dims):
             raise ValueError(f"FastWaveGlow needs three-tap dilated convolutions, not {model.dims.wn_kernel}")
         device = model.upsample.weight.device
-        self.use_kernels = (device.type == "cuda" and kernels.available()) if use_kernels is None else use_kernels
+        if use_kernels is None:
+            use_kernels = device.type == "cuda" and kernels.usable(device)[0]
+        self.use_kernels = use_kernels
         d = model.dims
         # the kernels' width: the model's channels and window, padded
         self.channels, self.window = (kernel_widths(d) if self.use_kernels
