@@ -211,7 +211,8 @@ def _use_cache(folder: str, quiet: bool = False) -> None:
 
 @pytest.fixture(scope="module")
 def resources(tmp_path_factory) -> dict[tuple[Compile, tuple[int, int]], Resources]:
-    """Every engine launch compiled for every target, in a process per core."""
+    """Every engine launch compiled for every target, in a process per core
+    (8 at most: each holds torch and Triton)."""
     pytest.importorskip("triton")
     cache = os.environ.get("TRITON_CACHE_DIR") or str(tmp_path_factory.mktemp("triton-cache"))
     _use_cache(cache)
@@ -221,7 +222,7 @@ def resources(tmp_path_factory) -> dict[tuple[Compile, tuple[int, int]], Resourc
     except Exception as e:  # noqa: BLE001 - a Triton without its CUDA backend or tools
         pytest.skip(f"Triton cannot compile for CUDA here: {type(e).__name__}: {e}")
     jobs = [(job, capability) for job in engine_launches() for capability in kernels.TARGETS]
-    with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), multiprocessing.get_context("spawn"),
+    with concurrent.futures.ProcessPoolExecutor(min(os.cpu_count() or 1, 8), multiprocessing.get_context("spawn"),
                                                 initializer=_use_cache, initargs=(cache, True)) as pool:
         return dict(zip(jobs, pool.map(compiled, *zip(*jobs))))
 
