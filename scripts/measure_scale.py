@@ -69,15 +69,15 @@ class StandInEngine:
 
     def __init__(self, settings):
         import torch
-        from tts_cli.loading import synthesis_settings
+        from tts_cli.engine import engine_settings
         self.device, self.dtype = torch.device("cpu"), torch.float32
-        self.settings = synthesis_settings(settings)
+        self.settings = engine_settings(settings, self.device)
         self.notices: list[str] = []
 
     def synthesize_all(self, batches, **_):
         import numpy as np
         from tts_cli.vocoding import Result
-        steps = self.settings.decode.max_decoder_steps
+        steps = self.settings.max_decoder_steps
         for jobs in batches:
             frames = [max(1, min(round(FRAMES_PER_SYMBOL * len(job.ids)), steps)) for job in jobs]
             yield jobs, [Result(audio=np.zeros(f, dtype=np.float32), mel=None, frames=f, truncated=False)

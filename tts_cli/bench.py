@@ -48,7 +48,7 @@ from tts_cli.decode_rules import StopAfter
 from tts_cli.distributed import Group
 from tts_cli.engine import Engine, Job, precision_name, resolve_device, resolve_precision
 from tts_cli.pipeline import RunSummary
-from tts_cli.loading import load_models, synthesis_settings
+from tts_cli.loading import load_models
 from tts_cli.quality import QUALITY_LINES, Fidelity, voice_mels, waveglow_fidelity
 from tts_cli.synthesizer import Synthesizer
 from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_DIMS, Tacotron2
@@ -308,7 +308,7 @@ def _ready_engine(device: torch.device, dtype: torch.dtype, settings: Settings) 
     (``force_lengths``), warmed up, and the seconds that took."""
     _sync(device)
     started = time.perf_counter()
-    engine = Engine(*random_models(device), device, dtype, synthesis_settings(settings))
+    engine = Engine(*random_models(device), device, dtype, settings)
     force_lengths(engine.tacotron2)
     _warm_up(engine, settings.batch_size)
     _sync(device)

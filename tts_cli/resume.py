@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import soundfile as sf
 
-from tts_cli.alignment import Thresholds
+from tts_cli.alignment import thresholds_record
 from tts_cli.config import ALIGNMENT_SETTINGS, NOT_IN_THE_RESUME_KEY, Settings
 from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
@@ -58,10 +58,9 @@ def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
 
 def _alignment_identity(settings: Settings) -> dict | None:
     """The checks and retries, which decide which attempt a line keeps."""
-    thresholds = Thresholds.from_settings(settings)
-    if thresholds is None:
+    if not settings.check_alignment:
         return None
-    return {**thresholds.record(), "retries": settings.retries}
+    return {**thresholds_record(settings), "retries": settings.retries}
 
 
 def previous_rows(out_dir: Path) -> dict[str, dict]:
