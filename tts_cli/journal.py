@@ -28,7 +28,7 @@ class ManifestJournal:
     of those lines that are done."""
 
     def __init__(self, path: Path, utterances: list[Utterance], rows: dict[int, ManifestRow],
-                 seed: int, only: set[int] | None = None):
+                 seed: int, only: set[int] | None = None, written: dict[int, str] | None = None):
         self.path, self.utterances, self.rows, self.seed = path, utterances, rows, seed
         self.only = only
         self.saved_at = 0.0
@@ -36,8 +36,15 @@ class ManifestJournal:
         # line -> (normalized text, characters dropped) of the lines this run makes
         self.pending_said: dict[int, tuple[str, str | None]] = {}
         # line -> (row, its JSON line): rows never change once made, so each
-        # is serialized once however often the manifest is rewritten.
-        self._serialized: dict[int, tuple[ManifestRow, str]] = {}
+        # is serialized once however often the manifest is rewritten; a row
+        # kept as an earlier run wrote it (``written``: line -> that JSON line)
+        # is not serialized again.
+        self.written = written or {}
+        self._serialized: dict[int, tuple[ManifestRow, str]] = {
+            line: (rows[line], text) for line, text in self.written.items()}
+        # The file holds these rows already, as they are (a re-run with nothing
+        # to do): no save writes it.
+        self.on_disk = False
         self._placeholders: dict[int, ManifestRow] = {}
 
     @property
@@ -75,6 +82,8 @@ class ManifestJournal:
     def save(self, final: bool = False) -> None:
         """Write the manifest; unless ``final``, only if the last write is old
         enough (CHECKPOINT_SECONDS, or longer when a write takes long)."""
+        if self.on_disk:
+            return
         now = time.monotonic()
         interval = max(CHECKPOINT_SECONDS, self.save_seconds / CHECKPOINT_SHARE)
         if not final and now - self.saved_at < interval and self.saved_at:

@@ -144,6 +144,11 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
     Blank lines are skipped. A row that is not a JSON object with the manifest
     keys and a known status raises ValueError naming ``path:line``.
     """
+    return [row for row, _ in read_manifest_as_written(path)]
+
+
+def read_manifest_as_written(path: str | os.PathLike) -> list[tuple[dict[str, Any], str]]:
+    """``read_manifest``'s rows, each with its line as the file holds it."""
     with open(path, "rb") as manifest_file:
         data = manifest_file.read()
     name = os.fspath(path)
@@ -153,6 +158,12 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
         if raw.strip():
             rows.append(_parse_row(raw, name, number))
     return rows
+
+
+def as_written(row: ManifestRow, record: dict[str, Any]) -> bool:
+    """Whether ``row`` is the row ``record`` was read from (every field, and
+    nothing else, the same): its line as written serializes it."""
+    return vars(row) == record
 
 
 def plural(n: int, noun: str) -> str:
@@ -187,8 +198,9 @@ def summarize(rows: Iterable[ManifestRow | Mapping[str, Any]]) -> dict[str, Any]
     }
 
 
-def _parse_row(raw: bytes, name: str, number: int) -> dict[str, Any]:
-    """Parse and check one manifest line; ValueError names ``name:number``."""
+def _parse_row(raw: bytes, name: str, number: int) -> tuple[dict[str, Any], str]:
+    """Parse and check one manifest line, and give it with the line as
+    written (no newline); ValueError names ``name:number``."""
     where = f"{name}:{number}"
     try:
         text = raw.decode("utf-8")
@@ -205,7 +217,7 @@ def _parse_row(raw: bytes, name: str, number: int) -> dict[str, Any]:
         raise ValueError(f"{where}: missing keys {', '.join(missing)}; this is not a tts-batch manifest row")
     if record["status"] not in STATUSES:
         raise ValueError(f"{where}: unknown status {record['status']!r}; expected one of: {', '.join(STATUSES)}")
-    return record
+    return record, text.rstrip("\r")
 
 
 def _reject_constant(constant: str) -> Any:

@@ -7,6 +7,7 @@ models (loading.py), and only when there is work."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import signal
@@ -30,7 +31,7 @@ from tts_cli.planning import PendingLine, batch_plan, prepare_line
 from tts_cli.journal import ManifestJournal
 from tts_cli.tarshards import ONE_PROCESS, SHARDS, shard_of
 from tts_cli.writing import LineWriter
-from tts_cli.manifest import ManifestRow, plural, summarize
+from tts_cli.manifest import ManifestRow, as_written, plural, summarize
 from tts_cli.signals import StopOnSignals
 from tts_cli.voice import ResolvedVoice, resolve_voice
 
@@ -116,7 +117,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     if settings.layout == "webdataset" and together.processes > 1:
         raise FatalError(ONE_PROCESS)
     manifest_path = out_dir / resume.MANIFEST_NAME
-    previous = {} if settings.force else resume.previous_rows(out_dir)
+    with _collector_paused():
+        previous = resume.EarlierRows() if settings.force else resume.previous_rows(out_dir)
     seed, seed_source = resume.run_seed(settings, previous)
     seed = together.agree_on_seed(seed)
     if engine is not None and voice is None:   # the bench's: no files behind it
@@ -128,15 +130,19 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     else:   # torch is not imported until there is work (loading.py)
         voice, voiced = voice or resolve_voice(settings), None
     identity = resume.audio_identity(settings, voice)
-    rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
+    with _collector_paused():
+        rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
-    manifest = ManifestJournal(manifest_path, utterances, rows, seed)
-    share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), identity["device"],
-                                  together)
     notices: list[str] = [*voice.notices, _plan_line(utterances, pending, reused_rows, voice)]
     for notice in notices:
         on_notice(notice)
+    manifest = ManifestJournal(manifest_path, utterances, rows, seed, written=_as_written(rows, previous))
+    # nothing to make and every row as the manifest holds it, in its order: no need to write it again
+    manifest.on_disk = (not pending and not previous.partial and len(manifest.written) == len(utterances)
+                        and list(previous.written) == [u.id for u in utterances])
+    share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), identity["device"],
+                                  together)
     stop = signals.stop
     started = time.perf_counter()
     # An unwritable directory fails before loading models.
@@ -189,9 +195,10 @@ def orphans(out_dir: Path, rows: list[ManifestRow]) -> list[Path]:
     paths relative to ``out_dir``, from the folders' listings (no stat per
     file where the file system says what each entry is)."""
     named = {shard_of(name) or name for row in rows for name in (row.audio_filepath, row.mel_filepath) if name}
-    found = [f"{folder.relative_to(out_dir).as_posix()}/{name}"
+    found = [f"{where}/{name}"
              for kind, suffixes in (("wavs", (".wav", ".flac")), ("mels", (".npy",)))
-             for folder in _folders_of(out_dir / kind) for name in _files_in(folder) if name.endswith(suffixes)]
+             for folder in _folders_of(out_dir / kind) for where in [folder.relative_to(out_dir).as_posix()]
+             for name in _files_in(folder) if name.endswith(suffixes)]
     found += [f"{SHARDS}/{name}" for name in _files_in(out_dir / SHARDS)
               if name.startswith("shard-") and name.endswith(".tar")]
     return sorted(out_dir / name for name in found if name not in named and not name.rpartition("/")[2].startswith("."))
@@ -257,6 +264,31 @@ def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size:
     """This process's share of the plan and where it saves its rows (coordination.py)."""
     return coordinator.share(batch_plan(pending, batch_size, shortest_first=SHORTEST_FIRST[device]), pending,
                              manifest)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cycle collector off for a block that makes objects by the
+    million and drops none (earlier rows, the plan): each of its full passes
+    would walk every one of them, for nothing."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def _as_written(rows: dict[int, ManifestRow], previous: resume.EarlierRows) -> dict[int, str]:
+    """The kept rows that are the same in every field as the manifest's row
+    of their id: that row's line as written, by corpus line."""
+    written = {}
+    for line, row in rows.items():
+        text = previous.written.get(row.id)
+        if text is not None and as_written(row, previous[row.id]):
+            written[line] = text
+    return written
 
 
 def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: dict,
