@@ -10,6 +10,7 @@ the output folder can be moved or shared as a whole.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -131,11 +132,15 @@ def write_manifest(path: str | os.PathLike, rows: Iterable[ManifestRow]) -> None
 
 def write_manifest_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
     """``write_manifest`` for rows already serialized by ``ManifestRow.to_json``
-    (a long run keeps them, so each rewrite only joins strings)."""
+    (a long run keeps them, so each rewrite only joins strings). Written a
+    few thousand rows at a time: a million rows joined at once would hold
+    the manifest twice in memory, its rows and their copy."""
     with atomic_write(path) as temp_path:
         # newline="\n": the same bytes on every OS, one row per '\n'.
         with open(temp_path, "w", encoding="utf-8", newline="\n") as manifest_file:
-            manifest_file.write("".join(line + "\n" for line in lines))
+            rows = iter(lines)
+            while chunk := list(itertools.islice(rows, 4096)):
+                manifest_file.write("".join(line + "\n" for line in chunk))
 
 
 def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -149,14 +154,14 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def read_manifest_as_written(path: str | os.PathLike) -> list[tuple[dict[str, Any], str]]:
     """``read_manifest``'s rows, each with its line as the file holds it."""
-    with open(path, "rb") as manifest_file:
-        data = manifest_file.read()
     name = os.fspath(path)
     rows = []
-    # Split on '\n' only, matching how write_manifest ends rows.
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if raw.strip():
-            rows.append(_parse_row(raw, name, number))
+    # A binary file's lines end at '\n' only, as write_manifest ends rows;
+    # read one at a time (a million-row manifest is most of a gigabyte).
+    with open(path, "rb") as manifest_file:
+        for number, raw in enumerate(manifest_file, start=1):
+            if raw.strip():
+                rows.append(_parse_row(raw.removesuffix(b"\n"), name, number))
     return rows
 
 

@@ -131,15 +131,15 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         voice, voiced = voice or resolve_voice(settings), None
     identity = resume.audio_identity(settings, voice)
     with _collector_paused():
-        rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
+        rows, pending, written = _plan(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.
     reused_rows = [row for row in rows.values() if row.key is not None]
     notices: list[str] = [*voice.notices, _plan_line(utterances, pending, reused_rows, voice)]
     for notice in notices:
         on_notice(notice)
-    manifest = ManifestJournal(manifest_path, utterances, rows, seed, written=_as_written(rows, previous))
+    manifest = ManifestJournal(manifest_path, utterances, rows, seed, written=written)
     # nothing to make and every row as the manifest holds it, in its order: no need to write it again
-    manifest.on_disk = (not pending and not previous.partial and len(manifest.written) == len(utterances)
+    manifest.on_disk = (not pending and not previous.partial and len(written) == len(utterances)
                         and list(previous.written) == [u.id for u in utterances])
     share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), identity["device"],
                                   together)
@@ -280,42 +280,34 @@ def _collector_paused():
             gc.enable()
 
 
-def _as_written(rows: dict[int, ManifestRow], previous: resume.EarlierRows) -> dict[int, str]:
-    """The kept rows that are the same in every field as the manifest's row
-    of their id: that row's line as written, by corpus line."""
-    written = {}
-    for line, row in rows.items():
-        text = previous.written.get(row.id)
-        if text is not None and as_written(row, previous[row.id]):
-            written[line] = text
-    return written
-
-
 def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: dict,
-          previous: dict[str, dict], out_dir: Path) -> tuple[dict[int, ManifestRow], list[PendingLine]]:
+          previous: resume.EarlierRows, out_dir: Path
+          ) -> tuple[dict[int, ManifestRow], list[PendingLine], dict[int, str]]:
     """Rows known before synthesis (lines with nothing to say, lines an
-    earlier run finished) and the lines left to synthesize. A line whose
-    earlier row has its text key keeps that row's key unread
-    (``resume.text_key``); the others are read and keyed here."""
+    earlier run finished) and the lines left to synthesize; and of the kept
+    rows, those the same in every field as the manifest's row of their id,
+    with that row's line as written, by corpus line. A line whose earlier
+    row has its text key keeps that row's key unread (``resume.text_key``);
+    the others are read and keyed here. Each earlier row is let go once its
+    line is planned (a million of them are a gigabyte)."""
     rows: dict[int, ManifestRow] = {}
-    left = []
+    left, written = [], {}
     context = resume.text_context(seed, identity, settings)
     for u in utterances:
-        old, text_key = previous.get(u.id), resume.text_key(context, u)
+        old, text_key = previous.pop(u.id, None), resume.text_key(context, u)
         kept = resume.kept_as_read(old, text_key, u, out_dir, settings)
         if kept is not None:
             rows[u.line] = kept
-            continue
-        p = prepare_line(u, seed, rows, settings)
-        if p is None:
-            continue
-        p.key, p.text_key = resume.line_key(p.pieces, u.id, seed, identity, settings.piece_pause), text_key
-        kept = resume.reusable_row(old, p.key, u, out_dir, settings)
-        if kept is None:
-            left.append(p)
-        else:
+        elif (p := prepare_line(u, seed, rows, settings)) is not None:   # else its row is made
+            p.key, p.text_key = resume.line_key(p.pieces, u.id, seed, identity, settings.piece_pause), text_key
+            kept = resume.reusable_row(old, p.key, u, out_dir, settings)
+            if kept is None:
+                left.append(p)
+                continue
             rows[u.line] = replace(kept, text_key=text_key)
-    return rows, left
+        if old is not None and u.id in previous.written and as_written(rows[u.line], old):
+            written[u.line] = previous.written[u.id]
+    return rows, left, written
 
 
 def _prepare_output(out_dir: Path, settings: Settings, remove_temp_files: bool = True) -> None:
