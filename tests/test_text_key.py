@@ -42,7 +42,7 @@ def reads(monkeypatch):
     def counting(u, *args):
         seen.append(u.text)
         return original(u, *args)
-    monkeypatch.setattr("tts_cli.pipeline.prepare_line", counting)
+    monkeypatch.setattr(planning, "prepare_line", counting)
     return seen
 
 
