@@ -69,15 +69,15 @@ class StandInEngine:
 
     def __init__(self, settings):
         import torch
-        from tts_cli.loading import synthesis_settings
+        from tts_cli.engine import engine_settings
         self.device, self.dtype = torch.device("cpu"), torch.float32
-        self.settings = synthesis_settings(settings)
+        self.settings = engine_settings(settings, self.device)
         self.notices: list[str] = []
 
     def synthesize_all(self, batches, **_):
         import numpy as np
         from tts_cli.vocoding import Result
-        steps = self.settings.decode.max_decoder_steps
+        steps = self.settings.max_decoder_steps
         for jobs in batches:
             frames = [max(1, min(round(FRAMES_PER_SYMBOL * len(job.ids)), steps)) for job in jobs]
             yield jobs, [Result(audio=np.zeros(f, dtype=np.float32), mel=None, frames=f, truncated=False)
@@ -85,11 +85,24 @@ class StandInEngine:
 
 
 def child(corpus: Path, out: Path) -> None:
-    """One run of the pipeline with the stand-in engine; prints a JSON line."""
-    from tts_cli.checkpoints import VoiceInfo
+    """One run of the pipeline with the stand-in engine; prints a JSON line.
+    The command's own path: the voice resolved without torch, the engine
+    loaded only when there is work (``loading.load_engine``, here the
+    stand-in's), so a re-run with nothing to do never imports torch."""
+    import dataclasses
+    import types
     from tts_cli.config import load_settings
     from tts_cli.corpus import read_corpus
     from tts_cli.synthesizer import Synthesizer
+
+    def load_engine(settings, voice):
+        from tts_cli.checkpoints import VoiceInfo
+        info = VoiceInfo(name="stand-in", sample_rate=STAND_IN_RATE, denoiser_strength=0.0)
+        voiced = dataclasses.replace(settings, sample_rate=settings.sample_rate or STAND_IN_RATE,
+                                     denoiser_strength=0.0)
+        return StandInEngine(voiced), voiced, info
+    # the stand-in in the place of the models' loader (which imports torch at once)
+    sys.modules["tts_cli.loading"] = types.SimpleNamespace(load_engine=load_engine)
 
     settings = load_settings(overrides={"format": "ljspeech", "device": "cpu", "seed": 1, "quiet": True})
     planned = []
@@ -98,13 +111,12 @@ def child(corpus: Path, out: Path) -> None:
         if not planned and " lines: " in str(line):
             planned.append(time.perf_counter() - STARTED)
     utterances = read_corpus(corpus, settings.format)
-    synthesizer = Synthesizer.around(StandInEngine(settings), settings)
-    synthesizer._info = VoiceInfo(name="stand-in", sample_rate=STAND_IN_RATE, denoiser_strength=0.0)
-    summary = synthesizer.synthesize_to_dir(utterances, out, on_notice=on_notice)
+    summary = Synthesizer(settings).synthesize_to_dir(utterances, out, on_notice=on_notice)
     print(json.dumps({"plan_seconds": planned[0] if planned else None,
                       "seconds": time.perf_counter() - STARTED,
                       "synthesis_seconds": summary.wall_seconds, "made": summary.made,
                       "reused": summary.reused, "lines": len(summary.rows),
+                      "torch_imported": "torch" in sys.modules,
                       "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}))
 
 

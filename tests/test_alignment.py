@@ -17,18 +17,17 @@ from checkpoint_files import write_nvidia_tacotron2, write_pickled_waveglow
 from outputs import manifest
 from tiny_models import canonical, tiny_waveglow
 from tts_cli import bench
-from tts_cli.alignment import Checked, Health, Thresholds, best, suspicion
+from tts_cli.alignment import Checked, Health, best, suspicion
 from tts_cli.batching import pad_sequences
 from tts_cli.cli import main
 from tts_cli.config import Settings
 from tts_cli.corpus import Utterance
 from tts_cli.decoder_graph import GraphedDecoder
-from tts_cli.engine import Engine, Job, SynthesisSettings, measured
-from tts_cli.loading import synthesis_settings
+from tts_cli.engine import Engine, Job, measured
 from tts_cli.planning import prepare_line, retry_seeds
 from tts_cli.tacotron2 import AttentionPath, DecodeSettings, alignment_measures, decode
 
-DEFAULTS = Thresholds.from_settings(Settings())
+DEFAULTS = Settings()
 STEPS = 600
 
 
@@ -150,8 +149,9 @@ def test_the_best_attempt_is_the_first_that_passes_else_the_one_failing_least():
     assert best([skips, babbles, skips], DEFAULTS) == 0
 
 
-def engine(model, retries_thresholds=DEFAULTS) -> Engine:
-    settings = SynthesisSettings(decode=DecodeSettings(max_decoder_steps=STEPS), alignment=retries_thresholds)
+def engine(model, checks: Settings | None = DEFAULTS) -> Engine:
+    settings = dataclasses.replace(checks or Settings(check_alignment=False), max_decoder_steps=STEPS,
+                                   save_mels=True)
     return Engine(model, tiny_waveglow(seed=1), torch.device("cpu"), torch.float32, settings)
 
 
@@ -187,7 +187,7 @@ def test_the_bench_s_lines_are_checked_but_not_retried():
     assert line.retry_seeds == [[]]
     model = aligned_tacotron2(gate=False)
     bench.force_lengths(model, 2.0)                       # 10 symbols, 20 frames: half of them read
-    tts = Engine(model, tiny_waveglow(seed=1), torch.device("cpu"), torch.float32, synthesis_settings(settings))
+    tts = Engine(model, tiny_waveglow(seed=1), torch.device("cpu"), torch.float32, settings)
     results = tts.synthesize([Job(lines(1, 10, 10)[0], seed=1, retry_seeds=tuple(line.retry_seeds[0]))])
     assert results[0].frames == 20
     assert results[0].checked.attempts == 1 and results[0].checked.failures
@@ -293,8 +293,8 @@ def test_a_bad_threshold_is_refused_naming_it(tmp_path, voices, option, value):
 
 # Each check pinned to its measure, at its threshold exactly. The jump bounds
 # differ, so a check compared with the other's bound fails here.
-PINNED = Thresholds(min_coverage=0.75, min_focus=0.5, max_forward_jump=8, max_backward_jump=5, end_margin=3,
-                    max_frames_per_symbol=15.0)
+PINNED = Settings(min_coverage=0.75, min_focus=0.5, max_forward_jump=8, max_backward_jump=5, end_margin=3,
+                  max_frames_per_symbol=15.0)
 HEALTHY = Health(coverage=0.9, focus=0.9, backward_jump=0, forward_jump=1, symbols_left=0, gated=True,
                  frames_per_symbol=5.0)
 # measure: (the threshold's value, just past it, what the failure says, the threshold that would pass it)

@@ -2,7 +2,8 @@
 tests/test_bench_distributed.py runs the whole bench on CPU with tiny models)."""
 import pytest
 
-from tts_cli.bench import covered_fraction, format_table, waveglow_flops_per_sample
+from tts_cli.bench import covered_fraction, waveglow_flops_per_sample
+from tts_cli.bench_report import format_table
 from tts_cli.waveglow import PUBLISHED_DIMS
 
 

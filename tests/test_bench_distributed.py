@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from test_distributed import free_port
@@ -70,6 +71,14 @@ def test_end_to_end_only_measures_the_corpus_run_and_nothing_else(tmp_path, monk
     assert "gpu_busy_fraction" not in result and "baseline_audio_seconds_per_second" not in result
     assert "| audio seconds per wall second per process |" in output
     assert "GPU busy" not in output and "naive batch-1 loop" not in output
+
+
+def test_the_bench_states_what_a_thousand_hours_of_audio_cost_in_gpu_hours(tmp_path, monkeypatch):
+    # 1,000 h of audio at s audio seconds per second per GPU take 1,000 / s GPU-hours
+    output, result = bench_in_one_process(monkeypatch, corpus_file(tmp_path), tmp_path / "one.json")
+    cost = result["gpu_hours_per_1000_audio_hours"]
+    assert cost * result["audio_seconds_per_second_per_process"] == pytest.approx(1000)
+    assert f"| GPU-hours per 1,000 hours of audio | {cost:.2f} |" in output
 
 
 def test_two_processes_share_the_corpus_and_rank_0_alone_reports(tmp_path, monkeypatch):

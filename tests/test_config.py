@@ -49,16 +49,17 @@ def test_settings_are_frozen():
 
 def test_defaults_live_in_settings_alone_and_help_shows_them():
     # The default recipe sets nothing, so what --help shows as a default
-    # (Settings' own) is what a run gets; the engine's dataclasses take theirs
+    # (Settings' own) is what a run gets; the decoder's rules take theirs
     # from the same place.
     from click.testing import CliRunner
     from tts_cli.cli import main
-    from tts_cli.engine import SynthesisSettings
+    from tts_cli.decode_rules import DecodeSettings
     assert load_settings() == Settings()
-    engine_side = SynthesisSettings()
-    assert (engine_side.sigma, engine_side.decode.max_decoder_steps, engine_side.decode.gate_threshold,
-            engine_side.decode.prenet_dropout) == (Settings().sigma, Settings().max_decoder_steps,
-                                                   Settings().gate_threshold, Settings().prenet_dropout)
+    decoder_side = DecodeSettings()
+    assert (decoder_side.max_decoder_steps, decoder_side.gate_threshold, decoder_side.prenet_dropout) == (
+        Settings().max_decoder_steps, Settings().gate_threshold, Settings().prenet_dropout)
+    assert DecodeSettings.from_settings(Settings(max_decoder_steps=7, gate_threshold=0.25)) == DecodeSettings(
+        max_decoder_steps=7, gate_threshold=0.25)
     shown = " ".join(CliRunner().invoke(main, ["synth", "--help"]).output.split())
     for option, name in [("--sigma", "sigma"), ("--max-decoder-steps", "max_decoder_steps"),
                          ("--piece-pause", "piece_pause"), ("--sample-format", "sample_format")]:

@@ -8,15 +8,14 @@ import pytest
 import torch
 
 from tts_cli import scheduler as engine_module
-from tts_cli.engine import Engine, Job, SynthesisSettings, resolve_device, resolve_precision
-from tts_cli.tacotron2 import DecodeSettings
-from tiny_models import HOP, force_lengths, tiny_tacotron2, tiny_waveglow
+from tts_cli.engine import Engine, Job, resolve_device, resolve_precision
+from tiny_models import HOP, engine_settings, force_lengths, tiny_tacotron2, tiny_waveglow
 
 
 def make_engine(frames: dict[int, int] | None = None, **decode):
     """An engine on tiny models; ``frames``: each line's frames by its
     symbol count (``tiny_models.force_lengths``), else its gate decides."""
-    settings = SynthesisSettings(decode=DecodeSettings(**{"max_decoder_steps": 30, **decode}))
+    settings = engine_settings(**{"max_decoder_steps": 30, **decode})
     tacotron2 = tiny_tacotron2(seed=2) if frames is None else force_lengths(tiny_tacotron2(seed=2), frames)
     return Engine(tacotron2, tiny_waveglow(seed=2), torch.device("cpu"), torch.float32, settings)
 
@@ -107,13 +106,13 @@ def test_a_finished_run_leaves_none_of_its_threads_behind(monkeypatch):
     assert not [t for t in threading.enumerate() if t.name.startswith("tts-") and t.is_alive()]
 
 
-def test_without_return_mels_the_audio_is_the_same_and_no_mel_comes_back():
+def test_without_save_mels_the_audio_is_the_same_and_no_mel_comes_back():
     # the pipeline asks for mels only with --save-mels; leaving them on the
     # device must not change a line's audio
     frames = {5: 6, 3: 4}
     with_mels = make_engine(frames)
     without = Engine(force_lengths(tiny_tacotron2(seed=2), frames), tiny_waveglow(seed=2), torch.device("cpu"),
-                     torch.float32, SynthesisSettings(decode=DecodeSettings(max_decoder_steps=30), return_mels=False))
+                     torch.float32, engine_settings(max_decoder_steps=30, save_mels=False))
     jobs = [Job([20, 31, 42, 17, 9], seed=3), Job([12, 13, 14], seed=4)]
     for a, b in zip(with_mels.synthesize(jobs), without.synthesize(jobs), strict=True):
         assert b.mel is None and a.mel.shape == (16, a.frames)

@@ -25,11 +25,12 @@ from tts_cli import text as frontend
 from tts_cli.batching import pad_sequences
 from tts_cli.bench import force_lengths, random_models
 from tts_cli.decoder_graph import GraphedDecoder
-from tts_cli.engine import Engine, Job, SynthesisSettings
+from tts_cli.engine import Engine, Job
 from tts_cli.kernels import decoder as decoder_kernels
 from tts_cli.tacotron2 import PUBLISHED_DIMS as TACOTRON2_PUBLISHED, DecodeSettings, Tacotron2, decode
 from tts_cli.waveglow import PUBLISHED_DIMS as WAVEGLOW_PUBLISHED, WaveGlow, WaveGlowDims
 from tts_cli.waveglow_fast import FastWaveGlow
+from tiny_models import engine_settings
 
 pytestmark = pytest.mark.requires_cuda
 
@@ -182,11 +183,10 @@ def test_the_graphed_decoders_alignment_measures_are_the_eager_decoders(dtype):
     or move turns on near-equal energies, which half precision can tip a
     frame either way)."""
     from aligned_models import aligned_tacotron2
-    from tts_cli.alignment import Thresholds
     from tts_cli.config import Settings
     from tts_cli.engine import measured
     from tts_cli.tacotron2 import alignment_measures
-    thresholds = Thresholds.from_settings(Settings())
+    thresholds = Settings()
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(1, 140, (n,), generator=g).tolist() for n in (7, 25, 60, 3, 41)]
     ids, lengths = pad_sequences(seqs, device="cuda")
@@ -212,7 +212,7 @@ def test_the_graphed_decoders_alignment_measures_are_the_eager_decoders(dtype):
 
 def engine(dtype, device=torch.device("cuda")):
     """An engine on random_models(), its lines' lengths forced as the bench forces them."""
-    settings = SynthesisSettings(decode=DecodeSettings(prenet_dropout=0.5))
+    settings = engine_settings(prenet_dropout=0.5)
     e = Engine(*random_models(device), device, dtype, settings)
     force_lengths(e.tacotron2)
     return e

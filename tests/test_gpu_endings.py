@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from tts_cli.checkpoints import load_tacotron2_weights, load_waveglow_weights
-from tts_cli.engine import Engine, Job, SynthesisError, SynthesisSettings
-from tts_cli.tacotron2 import DecodeSettings, Tacotron2
+from tts_cli.engine import Engine, Job, SynthesisError
+from tts_cli.tacotron2 import Tacotron2
 from tts_cli.waveglow import WaveGlow
-from tiny_models import force_lengths
+from tiny_models import engine_settings, force_lengths
 
 pytestmark = pytest.mark.requires_cuda
 
@@ -42,8 +42,7 @@ def demo_engine() -> Engine:
     tacotron2 = force_lengths(Tacotron2.from_state_dict(load_tacotron2_weights(DEMO / "demo_tacotron2.pt")),
                               lambda lengths: torch.full_like(lengths, FRAMES))
     waveglow = WaveGlow.from_state_dict(load_waveglow_weights(DEMO / "demo_waveglow.pt"))
-    settings = SynthesisSettings(denoiser_strength=0.0, decode=DecodeSettings(max_decoder_steps=400),
-                                 waveglow_memory_gib=15.0)
+    settings = engine_settings(denoiser_strength=0.0, max_decoder_steps=400, waveglow_memory=15.0)
     return Engine(tacotron2, waveglow, torch.device("cuda"), torch.float32, settings)
 
 

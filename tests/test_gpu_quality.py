@@ -21,14 +21,13 @@ from tts_cli import text as frontend
 from tts_cli.bench import random_models
 from tts_cli.checkpoints import load_waveglow
 from tts_cli.config import Settings
-from tts_cli.engine import Engine, Job, SynthesisSettings
+from tts_cli.engine import Engine, Job
 from tts_cli.kernels import waveglow as wg_kernels
 from tts_cli.loading import load_models
 from tts_cli.quality import snr_db, voice_mels, waveglow_fidelity
-from tts_cli.tacotron2 import DecodeSettings
 from tts_cli.voice import demo_voice
 from tts_cli.waveglow import WaveGlow
-from tiny_models import force_lengths
+from tiny_models import engine_settings, force_lengths
 
 pytestmark = pytest.mark.requires_cuda
 
@@ -100,7 +99,7 @@ def test_the_graphed_decoders_error_is_at_most_twice_the_eager_decoders_on_the_d
     count, so the lines are those of distinct counts (49 of the 64), in one
     batch."""
     tacotron2, waveglow, (_, fp32_frames, _) = demo
-    settings = SynthesisSettings(decode=DecodeSettings(), alignment=None)
+    settings = engine_settings()
     every = [Job(frontend.text_to_sequence(t), seed=i) for i, t in enumerate(TEXTS)]
     jobs = distinct_counts(every)
     frames = fp32_frames[[job.seed for job in jobs]]

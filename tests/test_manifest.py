@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tts_cli import audio
-from tts_cli.manifest import STATUSES, ManifestRow, read_manifest, summarize, write_manifest
+from tts_cli.manifest import (STATUSES, ManifestRow, as_written, read_manifest, read_manifest_as_written, summarize,
+                              write_manifest)
 
 
 def make_row(**overrides) -> ManifestRow:
@@ -361,3 +362,20 @@ def test_the_first_checkpoint_is_written_at_once_whatever_the_clock_reads(tmp_pa
     monkeypatch.setattr(journal.time, "monotonic", lambda: 0.5)
     checkpoint.save()
     assert len(read_manifest(checkpoint.path)) == 2
+
+
+def test_a_row_read_back_is_written_as_it_was_and_a_changed_one_is_not(tmp_path):
+    # A re-run keeps a row by writing its line as the manifest holds it; a
+    # row that differs in any field, or a line from another version of the
+    # manifest (a key more or fewer), must be serialized again instead.
+    path = tmp_path / "manifest.jsonl"
+    rows = sample_rows()
+    write_manifest(path, rows)
+    read = read_manifest_as_written(path)
+    assert [line for _, line in read] == path.read_text(encoding="utf-8").splitlines()
+    for row, (record, _) in zip(rows, read, strict=True):
+        assert as_written(row, record)
+        assert not as_written(dataclasses.replace(row, line=row.line + 1), record)
+        assert not as_written(dataclasses.replace(row, text_key="0" * 32), record)
+        assert not as_written(row, {**record, "speaker": "x"})
+        assert not as_written(row, {k: v for k, v in record.items() if k != "text_key"})

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tts_cli import loading
+from tts_cli import devices, loading
+from tts_cli import engine as engine_module
 from tts_cli.config import Settings, load_settings
 from tts_cli.engine import Engine
 
@@ -17,14 +18,14 @@ GIB = 2 ** 30
 
 
 def budget(settings, device):
-    return loading.synthesis_settings(settings, device=torch.device(device)).waveglow_memory_gib
+    return engine_module.engine_settings(settings, torch.device(device)).waveglow_memory
 
 
 @pytest.mark.parametrize("available_gib, expected", [(2, 2 / 16), (3.2, 0.2), (64, 0.25), (2048, 0.25)])
 def test_on_cpu_the_default_budget_is_a_share_of_the_available_ram(monkeypatch, available_gib, expected):
     # A fixed budget fits no machine: the GPU's 15 GiB would let 100 short
     # lines of the demo voice take more RAM than a laptop has.
-    monkeypatch.setattr(loading, "available_ram", lambda: available_gib * GIB)
+    monkeypatch.setattr(engine_module, "available_ram", lambda: available_gib * GIB)
     assert budget(load_settings(), "cpu") == pytest.approx(expected)
 
 
@@ -35,7 +36,7 @@ def test_on_a_gpu_the_default_budget_is_a_share_of_its_free_memory(monkeypatch, 
 
 
 def test_a_budget_the_run_sets_is_kept_on_any_machine(monkeypatch):
-    monkeypatch.setattr(loading, "available_ram", lambda: 1 * GIB)
+    monkeypatch.setattr(engine_module, "available_ram", lambda: 1 * GIB)
     assert budget(load_settings(overrides={"waveglow_memory": 3.5}), "cpu") == 3.5
     assert budget(Settings(waveglow_memory=0.01), "cpu") == 0.01
 
@@ -43,23 +44,23 @@ def test_a_budget_the_run_sets_is_kept_on_any_machine(monkeypatch):
 def test_a_containers_memory_limit_counts_as_what_is_available(tmp_path):
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/meminfo").write_text("MemTotal: 67108864 kB\nMemAvailable: 33554432 kB\n")
-    assert loading.available_ram(tmp_path) == 32 * GIB
+    assert devices.available_ram(tmp_path) == 32 * GIB
     for limit, usage in (("memory.max", "memory.current"),
                          ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
         cgroup = tmp_path / "sys/fs/cgroup"
         (cgroup / limit).parent.mkdir(parents=True, exist_ok=True)
         (cgroup / limit).write_text(f"{4 * GIB}\n")
         (cgroup / usage).write_text(f"{1 * GIB}\n")
-        assert loading.available_ram(tmp_path) == 3 * GIB
+        assert devices.available_ram(tmp_path) == 3 * GIB
         (cgroup / limit).write_text("max\n")   # no limit (cgroup v2 says so in words)
         (cgroup / usage).unlink()
-    assert loading.available_ram(tmp_path / "nowhere") is None
+    assert devices.available_ram(tmp_path / "nowhere") is None
 
 
 def test_the_budget_bounds_what_waveglow_runs_at_once(monkeypatch):
     # The demo voice's WaveGlow in fp32 takes 3,904 bytes a row (one row per
     # 8 samples); 1/4 GiB holds 68,759 rows, about two and a half lines of 9 s.
-    monkeypatch.setattr(loading, "available_ram", lambda: 64 * GIB)
+    monkeypatch.setattr(engine_module, "available_ram", lambda: 64 * GIB)
     settings = load_settings(overrides={"device": "cpu"})
     engine = loading.make_engine(settings, [])
     assert isinstance(engine, Engine) and engine.max_waveglow_rows == 68_759

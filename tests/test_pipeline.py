@@ -7,11 +7,10 @@ import torch
 from tts_cli.bench import force_lengths
 from tts_cli.config import Settings
 from tts_cli.corpus import read_corpus
-from tts_cli.engine import Engine, SynthesisSettings
+from tts_cli.engine import Engine
 from tts_cli.pipeline import synthesize_corpus
 from tts_cli.writing import verdict
-from tts_cli.tacotron2 import DecodeSettings
-from tiny_models import tiny_tacotron2, tiny_waveglow
+from tiny_models import engine_settings, tiny_tacotron2, tiny_waveglow
 
 
 def test_a_run_lets_go_of_each_lines_audio_once_it_is_written(tmp_path):
@@ -19,7 +18,7 @@ def test_a_run_lets_go_of_each_lines_audio_once_it_is_written(tmp_path):
     # corpus: on CUDA each batch's audio is a pinned host block, which no
     # later batch could reuse (BENCHMARKS.md, what each step bought).
     engine = Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"), torch.float32,
-                    SynthesisSettings(decode=DecodeSettings(max_decoder_steps=20)))
+                    engine_settings(max_decoder_steps=20))
     force_lengths(engine.tacotron2, 0.5)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Line number {n} of the corpus.\n" for n in range(8)))
@@ -45,7 +44,7 @@ def test_without_a_batch_size_cpu_runs_batches_of_16_shortest_first(tmp_path):
     # 128, the GPU's default, made a batch that WaveGlow takes most of a
     # minute over on a CPU, and that much work for one Ctrl-C to wait for.
     engine = Engine(tiny_tacotron2(seed=2), tiny_waveglow(seed=2), torch.device("cpu"), torch.float32,
-                    SynthesisSettings(decode=DecodeSettings(max_decoder_steps=4)))
+                    engine_settings(max_decoder_steps=4))
     force_lengths(engine.tacotron2, 0.1)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Line number {n} of the corpus.\n" for n in range(40)))

@@ -18,11 +18,11 @@ from checkpoint_files import write_ngc_waveglow
 from tts_cli import randomness
 from tts_cli.checkpoints import load_waveglow_weights
 from tts_cli.config import Settings
-from tts_cli.engine import Engine, Job, SynthesisSettings
+from tts_cli.engine import Engine, Job
 from tts_cli.loading import load_models
-from tts_cli.tacotron2 import DecodeSettings
 from tts_cli.text import text_to_sequence
 from tts_cli.voice import Voice
+from tiny_models import engine_settings
 
 DATA = Path(__file__).parent / "data"
 GOLDENS = torch.load(DATA / "nvidia_goldens.pt", weights_only=True)
@@ -43,13 +43,13 @@ def _id(case: dict) -> str:
     return f"text {case['text']}, {dropout}"
 
 
-def _settings(prenet_dropout: float, sigma: float = 0.666) -> SynthesisSettings:
+def _settings(prenet_dropout: float, sigma: float = 0.666) -> Settings:
     """NVIDIA's decoding rules as the goldens ran them; no denoiser (NVIDIA's
     inference runs none unless asked); no alignment checks (they could keep
     a retry's seed instead of the line's)."""
-    decode = DecodeSettings(max_decoder_steps=TACOTRON2["decode"]["max_decoder_steps"],
-                            gate_threshold=TACOTRON2["decode"]["gate_threshold"], prenet_dropout=prenet_dropout)
-    return SynthesisSettings(sigma=sigma, denoiser_strength=0.0, decode=decode, alignment=None)
+    return engine_settings(max_decoder_steps=TACOTRON2["decode"]["max_decoder_steps"],
+                           gate_threshold=TACOTRON2["decode"]["gate_threshold"], prenet_dropout=prenet_dropout,
+                           sigma=sigma, denoiser_strength=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def waveglow_files(tmp_path_factory) -> dict[str, Path]:
             "nvidia_waveglow_2019.pt": DATA / "nvidia_waveglow_2019.pt", NGC_FORM: ngc}
 
 
-def _engine(waveglow_file: Path, settings: SynthesisSettings) -> Engine:
+def _engine(waveglow_file: Path, settings: Settings) -> Engine:
     """The files read and built as the CLI does (loading.load_models), in an engine on CPU, float32."""
     tacotron2, waveglow = load_models(Settings(), Voice(DATA / "nvidia_tacotron2.pt", waveglow_file))
     return Engine(tacotron2, waveglow, torch.device("cpu"), torch.float32, settings)

@@ -42,7 +42,7 @@ def reads(monkeypatch):
     def counting(u, *args):
         seen.append(u.text)
         return original(u, *args)
-    monkeypatch.setattr("tts_cli.pipeline.prepare_line", counting)
+    monkeypatch.setattr(planning, "prepare_line", counting)
     return seen
 
 
@@ -119,7 +119,7 @@ def test_the_text_key_follows_the_id_the_text_and_the_context():
             != resume.text_key(context, Utterance(line=1, id="ab", text="c")))
 
 
-def test_a_rerun_with_nothing_to_do_writes_the_manifest_once_and_one_with_work_first_drops_what_it_replaces(
+def test_a_rerun_with_nothing_to_do_leaves_the_manifest_as_it_is_and_one_with_work_first_drops_what_it_replaces(
         tmp_path, tiny_checkpoints, monkeypatch):
     from tts_cli import journal
     corpus, out = write(tmp_path / "corpus.txt", LINES), tmp_path / "out"
@@ -132,8 +132,15 @@ def test_a_rerun_with_nothing_to_do_writes_the_manifest_once_and_one_with_work_f
         written.append([json.loads(line)["status"] for line in lines])
         return original(path, lines)
     monkeypatch.setattr(journal, "write_manifest_lines", recording)
+    before = (out / "manifest.jsonl").read_bytes()
     assert synth(corpus, out, tiny_checkpoints).exit_code == 0
-    assert len(written) == 1 and manifest(out) == rows
+    # a million-line manifest took seconds to serialize and write again, unchanged
+    assert written == [] and (out / "manifest.jsonl").read_bytes() == before
+    # the corpus without its last line: nothing to make, but the manifest follows the corpus
+    assert synth(write(corpus, LINES[:-1]), out, tiny_checkpoints).exit_code == 0
+    assert len(written) == 1 and manifest(out) == rows[:-1]
+    assert synth(write(corpus, LINES), out, tiny_checkpoints).exit_code == 0
+    assert manifest(out) == rows
     written.clear()
     changed = [*LINES[:4], "The last line of the corpus, changed."]
     assert synth(write(corpus, changed), out, tiny_checkpoints).exit_code == 0

@@ -99,10 +99,9 @@ def test_the_batched_denoiser_transforms_the_same_number_of_frames_whatever_the_
 
 
 def test_the_engine_denoises_in_batches_as_it_did_item_by_item():
-    from tts_cli.engine import Engine, Job, SynthesisSettings
-    from tts_cli.tacotron2 import DecodeSettings
-    from tiny_models import force_lengths, tiny_tacotron2
-    settings = SynthesisSettings(denoiser_strength=0.5, decode=DecodeSettings(max_decoder_steps=12))
+    from tts_cli.engine import Engine, Job
+    from tiny_models import engine_settings, force_lengths, tiny_tacotron2
+    settings = engine_settings(denoiser_strength=0.5, max_decoder_steps=12)
     tacotron2 = force_lengths(tiny_tacotron2(seed=2), {4: 9, 2: 2, 3: 5})
     engine = Engine(tacotron2, tiny_waveglow(seed=2), torch.device("cpu"), torch.float32, settings)
     jobs = [Job([12, 20, 33, 40][:n], seed=n) for n in (4, 2, 3)]

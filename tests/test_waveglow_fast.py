@@ -129,14 +129,13 @@ def test_phase_major_rows_put_each_group_step_where_the_kernel_reads_it():
 
 @torch.inference_mode()
 def test_the_engine_runs_a_waveglow_the_fast_path_cannot_serve_as_the_plain_model_and_says_so():
-    from tts_cli.engine import Engine, Job, SynthesisSettings
-    from tts_cli.tacotron2 import DecodeSettings
-    from tiny_models import force_lengths, tiny_tacotron2
+    from tts_cli.engine import Engine, Job
+    from tiny_models import engine_settings, force_lengths, tiny_tacotron2
     model = random_waveglow(seed=2, wn_kernel=5)
     reference = copy.deepcopy(model)
     frames = {4: 7, 2: 3}
     engine = Engine(force_lengths(tiny_tacotron2(seed=2), frames), model, torch.device("cpu"), torch.float32,
-                    SynthesisSettings(sigma=0.6, denoiser_strength=0.0, decode=DecodeSettings(max_decoder_steps=20)))
+                    engine_settings(sigma=0.6, denoiser_strength=0.0, max_decoder_steps=20))
     assert engine.fast_waveglow is None
     assert len(engine.notices) == 1 and "5 taps" in engine.notices[0] and "plain model" in engine.notices[0]
     jobs = [Job([20, 31, 40, 12], seed=3), Job([33, 21], seed=4)]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from tts_cli.config import Settings
 from tts_cli.decode_rules import StopAfter
 from tts_cli.tacotron2 import Tacotron2, Tacotron2Dims
 from tts_cli.waveglow import WaveGlow, WaveGlowDims
@@ -22,6 +23,13 @@ TACOTRON2_DIMS = Tacotron2Dims(
 WAVEGLOW_DIMS = WaveGlowDims(
     n_mel=N_MEL, n_flows=4, n_group=8, n_early_every=2, n_early_size=2, wn_layers=2,
     wn_channels=8, wn_kernel=3, upsample_kernel=4 * HOP, hop_length=HOP)
+
+
+def engine_settings(**options) -> Settings:
+    """An engine's settings for a test: the run's defaults, except that
+    lines are not checked for alignment and their mels come back, unless
+    ``options`` say otherwise."""
+    return Settings(**{"check_alignment": False, "save_mels": True, **options})
 
 
 def tiny_tacotron2(seed: int = 0, gate_bias: float | None = None) -> Tacotron2:

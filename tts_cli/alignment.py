@@ -10,28 +10,14 @@ attempts to keep.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
+
+from tts_cli.config import ALIGNMENT_THRESHOLDS, Settings
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """What a healthy line meets; the run's settings of the same names."""
-    min_coverage: float          # share of the line's symbols that held the attention's peak
-    min_focus: float             # mean peak attention weight over the line's frames
-    max_forward_jump: int        # symbols the (smoothed) peak may move ahead at once
-    max_backward_jump: int       # symbols it may fall back behind the furthest it reached
-    end_margin: int              # symbols the peak may still have ahead of it when the gate fires
-    max_frames_per_symbol: float
-
-    @classmethod
-    def from_settings(cls, settings) -> "Thresholds | None":
-        """The run's thresholds; None when it does not check alignment."""
-        if not settings.check_alignment:
-            return None
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
-
-    def record(self) -> dict:
-        return asdict(self)
+def thresholds_record(t: Settings) -> dict:
+    """What a healthy line meets, as the run's settings ``t`` set it."""
+    return {name: getattr(t, name) for name in ALIGNMENT_THRESHOLDS}
 
 
 @dataclass(frozen=True)
@@ -45,7 +31,7 @@ class Health:
     gated: bool                  # the gate fired (else max_decoder_steps cut the line)
     frames_per_symbol: float
 
-    def failures(self, t: Thresholds) -> list[str]:
+    def failures(self, t: Settings) -> list[str]:
         """Each measure that falls short of ``t``, as the manifest says it."""
         checks = [
             (self.coverage >= t.min_coverage, f"coverage {self.coverage:.2f} < {t.min_coverage:g}"),
@@ -62,10 +48,10 @@ class Health:
         ]
         return [message for ok, message in checks if not ok]
 
-    def reached_end(self, t: Thresholds) -> bool:
+    def reached_end(self, t: Settings) -> bool:
         return self.gated and self.symbols_left <= t.end_margin
 
-    def record(self, t: Thresholds) -> dict:
+    def record(self, t: Settings) -> dict:
         """The manifest's ``alignment`` entry for this line or piece."""
         return {"coverage": round(self.coverage, 4), "focus": round(self.focus, 4),
                 "backward_jump": self.backward_jump, "forward_jump": self.forward_jump,
@@ -82,7 +68,7 @@ class Checked:
     attempt: int
     attempts: int
 
-    def record(self, t: Thresholds) -> dict:
+    def record(self, t: Settings) -> dict:
         return {**self.health.record(t), "attempt": self.attempt, "attempts": self.attempts}
 
     def plain(self) -> dict:
@@ -96,13 +82,13 @@ class Checked:
         return cls(Health(**plain["health"]), tuple(plain["failures"]), plain["attempt"], plain["attempts"])
 
 
-def best(healths: list[Health], t: Thresholds) -> int:
+def best(healths: list[Health], t: Settings) -> int:
     """Which attempt to keep: the first that fails nothing, else the first
     of those that fail the fewest measures."""
     return min(range(len(healths)), key=lambda k: (len(healths[k].failures(t)), k))
 
 
-def line_record(pieces: list[Checked], t: Thresholds) -> dict:
+def line_record(pieces: list[Checked], t: Settings) -> dict:
     """A manifest row's ``alignment``: its one piece's entry; for a cut
     line, the worst of its pieces' measures and the attempts of all, with
     each piece's own entry under ``pieces``."""

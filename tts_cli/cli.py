@@ -403,8 +403,8 @@ def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision,
     --end-to-end-only on one GPU for the scaling ratio.
     """
     from tts_cli import distributed
-    from tts_cli.bench import (SAMPLE_CORPUS, BenchSettings, format_end_to_end_table, format_table,
-                               run_bench, write_json)
+    from tts_cli.bench import SAMPLE_CORPUS, BenchSettings, run_bench
+    from tts_cli.bench_report import format_end_to_end_table, format_table, write_json
 
     try:
         group = distributed.from_environment()
@@ -431,7 +431,8 @@ def _bench_processes(settings, group, json_path) -> None:
     """The bench under torchrun: every process runs its share of the corpus;
     rank 0 alone prints the table and writes the JSON."""
     from tts_cli import distributed
-    from tts_cli.bench import format_end_to_end_table, run_bench_processes, write_json
+    from tts_cli.bench import run_bench_processes
+    from tts_cli.bench_report import format_end_to_end_table, write_json
     from tts_cli.errors import FatalError
 
     try:

@@ -90,11 +90,12 @@ class Settings:
                                           # within it); None: a share of the machine's (voice.py)
     check_alignment: bool = True        # measure each line's attention and retry lines that fail (alignment.py)
     retries: int = 2                    # new attempts, each with its own seed, for a line that fails
-    min_coverage: float = 0.75          # alignment thresholds: see alignment.Thresholds and the README
-    min_focus: float = 0.5
-    max_forward_jump: int = 8
-    max_backward_jump: int = 8
-    end_margin: int = 3
+    # What a healthy line meets (alignment.py; the README's "Alignment checks"):
+    min_coverage: float = 0.75          # share of the line's symbols that held the attention's peak
+    min_focus: float = 0.5              # mean peak attention weight over the line's frames
+    max_forward_jump: int = 8           # symbols the (smoothed) peak may move ahead at once
+    max_backward_jump: int = 8          # symbols it may fall back behind the furthest it reached
+    end_margin: int = 3                 # symbols the peak may still have ahead when the gate fires
     max_frames_per_symbol: float = 15.0
     strict: bool = False                # exit status 1 when a line is suspect or truncated, as for errors
     force: bool = False                 # redo every line, reusing nothing from an earlier run
@@ -250,9 +251,11 @@ NOT_IN_THE_RESUME_KEY = {
     "prune": "removes files no row names; a line's audio is the same",
     "quiet": "what is printed only",
 }
-# The alignment checks' settings: in the key together, and only when the run checks.
-ALIGNMENT_SETTINGS = ("check_alignment", "retries", "min_coverage", "min_focus", "max_forward_jump",
-                      "max_backward_jump", "end_margin", "max_frames_per_symbol")
+# What a healthy line meets (alignment.py), and the alignment checks'
+# settings: in the key together, and only when the run checks.
+ALIGNMENT_THRESHOLDS = ("min_coverage", "min_focus", "max_forward_jump", "max_backward_jump", "end_margin",
+                        "max_frames_per_symbol")
+ALIGNMENT_SETTINGS = ("check_alignment", "retries", *ALIGNMENT_THRESHOLDS)
 
 # Settings that decide what the loaded models make, so a ``Synthesizer``
 # takes them when it loads (the engine is built from them); the others are

@@ -51,8 +51,9 @@ class Alone:
         return seed
 
     def share(self, batches: list[list[tuple[PendingLine, int]]], pending: list[PendingLine],
-              manifest: ManifestJournal) -> tuple[Share, ManifestJournal]:
-        """This process's share of the plan and the journal its rows go to."""
+              manifest: ManifestJournal, journal: ManifestJournal | None = None) -> tuple[Share, ManifestJournal]:
+        """This process's share of the plan (or of a later window of it) and
+        the journal its rows go to (``journal``, the one a first share gave)."""
         return Share(batches, pending), manifest
 
     def take_over(self, manifest: ManifestJournal) -> None:
@@ -82,12 +83,13 @@ class Together:
         return self._together(self.distributed.agree_on_seed, seed)
 
     def share(self, batches: list[list[tuple[PendingLine, int]]], pending: list[PendingLine],
-              manifest: ManifestJournal) -> tuple[Share, ManifestJournal]:
+              manifest: ManifestJournal, journal: ManifestJournal | None = None) -> tuple[Share, ManifestJournal]:
         """Whole batches of the plan one process would run (balanced by lines
         x longest piece, what a batch costs), so that every line is made in
         the batch it would share on one process, and its audio is that
         process's; each line's row is made by the process that makes its
-        first piece, into its own partial manifest."""
+        first piece, into its own partial manifest (``journal``, for a later
+        window of the plan: the one the first share gave)."""
         costs = [len(batch) * max(len(p.pieces[i]) for p, i in batch) for batch in batches]
         owners = self.distributed.share(costs, self.group.world)
         makers: dict[PendingLine, set[int]] = {}
@@ -101,6 +103,9 @@ class Together:
         mine = [p for p in pending if first[p] == rank]
         share = Share([b for b, owner in zip(batches, owners) if owner == rank], mine,
                       {p for p, ranks in makers.items() if len(ranks) > 1})
+        if journal is not None:
+            journal.only.update(p.utterance.line for p in mine)
+            return share, journal
         partial = ManifestJournal(manifest.path.parent / self.group.partial_manifest, manifest.utterances,
                                   manifest.rows, manifest.seed, only={p.utterance.line for p in mine})
         return share, partial

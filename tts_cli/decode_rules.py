@@ -17,7 +17,7 @@ so and keeps that frame. The decoder's rule is ``Decoder.stop_rule``
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,12 @@ class DecodeSettings:
     gate_threshold: float = 0.5
     prenet_dropout: float = 0.5
     stop_check_every: int = 16   # host sync once per this many steps, not every step
+
+    @classmethod
+    def from_settings(cls, settings) -> "DecodeSettings":
+        """The decoder's share of the run's settings (``config.Settings``),
+        read by name; what the run does not set keeps its default here."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)})
 
 
 def gate_stops(gate, step, lengths, cfg: DecodeSettings):

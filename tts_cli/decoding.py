@@ -70,7 +70,7 @@ def measured(decoded: Decoded, lengths: torch.Tensor, symbols: int) -> list[Meas
 
 class Decoding:
     """Engine methods that decode. They read the engine's ``device``,
-    ``settings`` (``decode``, ``alignment``), ``tacotron2`` and ``graphed``
+    ``decode_settings``, ``settings`` (the alignment checks'), ``tacotron2`` and ``graphed``
     (the decoder replayed from CUDA graphs, or None)."""
 
     @on_its_device
@@ -81,7 +81,7 @@ class Decoding:
         seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
         if self.graphed is not None:
             return self.graphed.decode(ids, lengths, seeds)
-        return decode(self.tacotron2, ids, lengths, seeds, self.settings.decode)
+        return decode(self.tacotron2, ids, lengths, seeds, self.decode_settings)
 
     @on_its_device
     @torch.inference_mode()
@@ -93,9 +93,9 @@ class Decoding:
         noise then follows) and its ``checked``. ``alone(b, t)``: a context
         to decode a batch of b lines of up to t symbols in, when that shape
         was not met before (on CUDA it may need a graph captured)."""
-        t = self.settings.alignment
+        t = self.settings
         decoded = self.decode_only(jobs)
-        if t is None:
+        if not t.check_alignment:
             return DecodedBatch(jobs, *decoded[:3], decoded.frames.tolist(), decoded.truncated.tolist())
         tried = [[health] for health in self._health(jobs, decoded)]
         attempts, rows = [decoded], [list(range(len(jobs)))]   # attempt k decoded rows[k]

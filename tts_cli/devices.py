@@ -134,3 +134,24 @@ def on_its_device(method):
         with self.on_device():
             return method(self, *args, **kwargs)
     return run
+
+
+def available_ram(root: Path = Path("/")) -> int | None:
+    """Bytes of RAM this process can still take: the kernel's MemAvailable,
+    or less where a cgroup (a container's memory limit) leaves less; None
+    where neither can be read (not Linux)."""
+    found = []
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    cgroup = root / "sys/fs/cgroup"
+    for limit, usage in (("memory.max", "memory.current"),     # cgroup v2
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):   # v1
+        try:
+            found.append(max(int((cgroup / limit).read_text()) - int((cgroup / usage).read_text()), 0))
+        except (OSError, ValueError):   # no such file, or "max": no limit
+            pass
+    return min(found) if found else None

@@ -12,16 +12,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 
 from tts_cli import kernels
-from tts_cli.alignment import Thresholds
-from tts_cli.config import FIELDS, REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE
+from tts_cli.config import REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.decoding import Decoding, Job, Measured, measured
-from tts_cli.devices import expected_precision, on_its_device
+from tts_cli.devices import available_ram, expected_precision, on_its_device
 from tts_cli.errors import OutputNotice
 from tts_cli.scheduler import Scheduling, SynthesisError
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2
@@ -29,8 +27,8 @@ from tts_cli.vocoding import DENOISER_FFT_ROWS, Result, Vocoding
 from tts_cli.waveglow import Denoiser, WaveGlow
 from tts_cli.waveglow_fast import FastWaveGlow, supports, waveglow_rows_within
 
-__all__ = ["Engine", "Job", "Measured", "PRECISIONS", "Result", "SynthesisError", "SynthesisSettings",
-           "measured", "precision_name", "resolve_device", "resolve_precision"]
+__all__ = ["Engine", "Job", "Measured", "PRECISIONS", "Result", "SynthesisError", "measured", "precision_name",
+           "resolve_device", "resolve_precision"]
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -61,20 +59,23 @@ def resolve_precision(device: torch.device, name: str | None) -> tuple[torch.dty
     return PRECISIONS[precision], notice
 
 
-@dataclass(frozen=True)
-class SynthesisSettings:
-    sigma: float = FIELDS["sigma"].default   # the run's default (config.py), written there alone
-    denoiser_strength: float = REFERENCE_DENOISER_STRENGTH
-    decode: DecodeSettings = DecodeSettings()
-    # WaveGlow's activations at once; a batch runs in slices within it (the GPU default's cap)
-    waveglow_memory_gib: float = WAVEGLOW_MEMORY_SHARE["cuda"][1]
-    # Result.mel filled in. Off, the mels stay on the device: their host copy
-    # was a third of the audio's bytes and half the pinned blocks of a run
-    # (the pipeline asks for them only with --save-mels).
-    return_mels: bool = True
-    # Each line's alignment checked against these, and a line that fails
-    # decoded again with its retry seeds (Job.retry_seeds); None: no checks.
-    alignment: Thresholds | None = None
+def waveglow_memory_gib(device: torch.device) -> float:
+    """WaveGlow's default budget on ``device``, in GiB (WAVEGLOW_MEMORY_SHARE)."""
+    share, most = WAVEGLOW_MEMORY_SHARE[device.type]
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_ram()
+    return min(share * free / 2 ** 30, most) if free is not None else most
+
+
+def engine_settings(settings: Settings, device: torch.device) -> Settings:
+    """``settings`` with what the engine must know filled in where the run
+    leaves it to the voice or the machine: the reference's denoiser strength
+    (a loaded voice's own is filled in before, ``loading.with_voice``) and
+    WaveGlow's share of ``device``'s memory."""
+    return dataclasses.replace(
+        settings,
+        denoiser_strength=(REFERENCE_DENOISER_STRENGTH if settings.denoiser_strength is None
+                           else settings.denoiser_strength),
+        waveglow_memory=settings.waveglow_memory or waveglow_memory_gib(device))
 
 
 class Engine(Decoding, Vocoding, Scheduling):
@@ -92,8 +93,10 @@ class Engine(Decoding, Vocoding, Scheduling):
     """
 
     def __init__(self, tacotron2: Tacotron2, waveglow: WaveGlow, device: torch.device,
-                 dtype: torch.dtype, settings: SynthesisSettings, fast: bool = True):
-        self.device, self.dtype, self.settings, self.fast = device, dtype, settings, fast
+                 dtype: torch.dtype, settings: Settings, fast: bool = True):
+        self.device, self.dtype, self.fast = device, dtype, fast
+        self.settings = engine_settings(settings, device)
+        self.decode_settings = DecodeSettings.from_settings(settings)
         with self.on_device():
             self._build(tacotron2, waveglow)
 
@@ -126,7 +129,7 @@ class Engine(Decoding, Vocoding, Scheduling):
                                 "the fast path needs 3, so it runs as the plain model (slower)")
         self.tacotron2 = tacotron2.to(device=device, dtype=dtype).eval()
         self.waveglow = waveglow.to(device=device, dtype=dtype).eval()
-        self.graphed = GraphedDecoder(self.tacotron2, settings.decode, use_kernels=use_kernels) if on_gpu else None
+        self.graphed = GraphedDecoder(self.tacotron2, self.decode_settings, use_kernels=use_kernels) if on_gpu else None
         self.notices += self.graphed.notices if on_gpu else []
         # First run of these shapes on this machine: Triton compiles the kernels.
         self.compiled = None
@@ -140,7 +143,7 @@ class Engine(Decoding, Vocoding, Scheduling):
         # WaveGlow runs over at most this many (item x group step) rows at once,
         # which bounds its memory whatever the batch (15 GiB: ~1M rows in fp16).
         dims = self.fast_waveglow.padded_dims if self.fast_waveglow is not None else self.waveglow.dims
-        self.max_waveglow_rows = waveglow_rows_within(settings.waveglow_memory_gib * 2 ** 30, dims, dtype)
+        self.max_waveglow_rows = waveglow_rows_within(settings.waveglow_memory * 2 ** 30, dims, dtype)
         self.denoiser = (Denoiser.for_model(self.waveglow, dtype)
                          if settings.denoiser_strength > 0 else None)
         if self.denoiser is not None and not self.denoiser.bias_magnitude.any():
@@ -163,7 +166,7 @@ class Engine(Decoding, Vocoding, Scheduling):
     def unchecked(self) -> "Engine":
         """This engine, on the same models and graphs, without the alignment checks."""
         plain = copy.copy(self)
-        plain.settings = dataclasses.replace(self.settings, alignment=None)
+        plain.settings = dataclasses.replace(self.settings, check_alignment=False)
         return plain
 
     @on_its_device

@@ -28,7 +28,7 @@ class ManifestJournal:
     of those lines that are done."""
 
     def __init__(self, path: Path, utterances: list[Utterance], rows: dict[int, ManifestRow],
-                 seed: int, only: set[int] | None = None):
+                 seed: int, only: set[int] | None = None, written: dict[int, str] | None = None):
         self.path, self.utterances, self.rows, self.seed = path, utterances, rows, seed
         self.only = only
         self.saved_at = 0.0
@@ -36,9 +36,19 @@ class ManifestJournal:
         # line -> (normalized text, characters dropped) of the lines this run makes
         self.pending_said: dict[int, tuple[str, str | None]] = {}
         # line -> (row, its JSON line): rows never change once made, so each
-        # is serialized once however often the manifest is rewritten.
-        self._serialized: dict[int, tuple[ManifestRow, str]] = {}
-        self._placeholders: dict[int, ManifestRow] = {}
+        # is serialized once however often the manifest is rewritten; a row
+        # kept as an earlier run wrote it (``written``: line -> that JSON line)
+        # is not serialized again.
+        self.written = written or {}
+        self._serialized: dict[int, tuple[ManifestRow, str]] = {
+            line: (rows[line], text) for line, text in self.written.items()}
+        # The file holds these rows already, as they are (a re-run with nothing
+        # to do): no save writes it.
+        self.on_disk = False
+        # line -> (normalized text, the JSON line) of the row of a line not done
+        # yet: only its line is kept, since the row itself is needed only at
+        # the end (``ordered``), and there are as many as lines left to make.
+        self._placeholders: dict[int, tuple[str, str]] = {}
 
     @property
     def complete(self) -> bool:
@@ -49,23 +59,25 @@ class ManifestJournal:
         return [self.rows.get(u.line) or self._unfinished(u) for u in self.utterances]
 
     def _unfinished(self, u: Utterance) -> ManifestRow:
-        """The row of a line not done yet (kept, so it is serialized once)."""
+        """The row of a line not done yet."""
         normalized, dropped = self.pending_said.get(u.line, ("", None))
-        row = self._placeholders.get(u.line)
-        if row is None or row.normalized_text != normalized:
-            row = self._placeholders[u.line] = row_without_audio(
-                u, normalized, "pending", "not synthesized yet: the run is still making lines, or stopped "
-                "first; the same command again finishes it", self.seed, dropped)
-        return row
+        return row_without_audio(u, normalized, "pending", "not synthesized yet: the run is still making lines, "
+                                 "or stopped first; the same command again finishes it", self.seed, dropped)
 
-    def _json_lines(self, rows: list[ManifestRow]) -> list[str]:
-        lines = []
-        for row in rows:
-            cached = self._serialized.get(row.line)
-            if cached is None or cached[0] is not row:
-                cached = self._serialized[row.line] = (row, row.to_json())
-            lines.append(cached[1])
-        return lines
+    def _json_line(self, u: Utterance) -> str:
+        """The line of ``u``'s row in the manifest, serialized once."""
+        row = self.rows.get(u.line)
+        if row is None:
+            normalized = self.pending_said.get(u.line, ("", None))[0]
+            cached = self._placeholders.get(u.line)
+            if cached is None or cached[0] != normalized:
+                cached = self._placeholders[u.line] = (normalized, self._unfinished(u).to_json())
+            return cached[1]
+        self._placeholders.pop(u.line, None)
+        cached = self._serialized.get(u.line)
+        if cached is None or cached[0] is not row:
+            cached = self._serialized[u.line] = (row, row.to_json())
+        return cached[1]
 
     def progress(self) -> tuple[int, int]:
         """(lines done, lines) among those this checkpoint keeps."""
@@ -75,16 +87,18 @@ class ManifestJournal:
     def save(self, final: bool = False) -> None:
         """Write the manifest; unless ``final``, only if the last write is old
         enough (CHECKPOINT_SECONDS, or longer when a write takes long)."""
+        if self.on_disk:
+            return
         now = time.monotonic()
         interval = max(CHECKPOINT_SECONDS, self.save_seconds / CHECKPOINT_SHARE)
         if not final and now - self.saved_at < interval and self.saved_at:
             return
         if self.only is None:
-            rows = self.ordered()
+            lines = [self._json_line(u) for u in self.utterances]
         else:
-            rows = [self.rows[u.line] for u in self.utterances if u.line in self.only and u.line in self.rows]
+            lines = [self._json_line(u) for u in self.utterances if u.line in self.only and u.line in self.rows]
         try:
-            write_manifest_lines(self.path, self._json_lines(rows))
+            write_manifest_lines(self.path, lines)
         except OSError as e:
             raise OutputError(cannot_write(self.path.parent, e)) from None
         self.saved_at = time.monotonic()

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import torch
 
-from tts_cli.alignment import Thresholds
 from tts_cli.checkpoints import (CheckpointError, VoiceInfo, load_tacotron2_weights, load_waveglow,
                                  read_voice_info)
-from tts_cli.config import REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, WAVEGLOW_MEMORY_SHARE, Settings
-from tts_cli.engine import Engine, SynthesisSettings, precision_name, resolve_device, resolve_precision
+from tts_cli.config import REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, Settings
+from tts_cli.engine import Engine, precision_name, resolve_device, resolve_precision
 from tts_cli.errors import FatalError, first_line
-from tts_cli.tacotron2 import DecodeSettings, Tacotron2
+from tts_cli.tacotron2 import Tacotron2
 from tts_cli.voice import ResolvedVoice, Voice, choose_voice, resolve_voice
 from tts_cli.waveglow import WaveGlow
 
@@ -35,7 +34,7 @@ def load_engine(settings: Settings, voice: ResolvedVoice) -> tuple[Engine, Setti
     tacotron2, waveglow, own = _load(voice.files)
     info = _with_reference_values(own, voice.files.waveglow)
     settings = with_voice(settings, info)
-    return Engine(tacotron2, waveglow, device, dtype, synthesis_settings(settings, device)), settings, info
+    return Engine(tacotron2, waveglow, device, dtype, settings), settings, info
 
 
 def _confirmed_device(expected: str, requested: str | None) -> torch.device:
@@ -154,44 +153,3 @@ def _filled(shaped: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> tor
             if buffer.is_meta:
                 module.register_buffer(name, torch.zeros(buffer.shape, dtype=buffer.dtype))
     return shaped
-
-
-def synthesis_settings(s: Settings, device: torch.device | None = None) -> SynthesisSettings:
-    """The engine's share of the run's settings (``with_voice``'s, where a
-    voice is loaded; else the reference's denoiser strength); ``device``
-    (default: the run's) sizes WaveGlow's memory when the run sets none."""
-    decode = DecodeSettings(max_decoder_steps=s.max_decoder_steps, gate_threshold=s.gate_threshold,
-                            prenet_dropout=s.prenet_dropout)
-    memory = s.waveglow_memory or waveglow_memory_gib(device or resolve_device(s.device))
-    strength = _unless_set(s.denoiser_strength, REFERENCE_DENOISER_STRENGTH)
-    return SynthesisSettings(sigma=s.sigma, denoiser_strength=strength, decode=decode,
-                             waveglow_memory_gib=memory, return_mels=s.save_mels,
-                             alignment=Thresholds.from_settings(s))
-
-
-def waveglow_memory_gib(device: torch.device) -> float:
-    """WaveGlow's default budget on ``device``, in GiB (WAVEGLOW_MEMORY_SHARE)."""
-    share, most = WAVEGLOW_MEMORY_SHARE[device.type]
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_ram()
-    return min(share * free / 2 ** 30, most) if free is not None else most
-
-
-def available_ram(root: Path = Path("/")) -> int | None:
-    """Bytes of RAM this process can still take: the kernel's MemAvailable,
-    or less where a cgroup (a container's memory limit) leaves less; None
-    where neither can be read (not Linux)."""
-    found = []
-    try:
-        for line in (root / "proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    cgroup = root / "sys/fs/cgroup"
-    for limit, usage in (("memory.max", "memory.current"),     # cgroup v2
-                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):   # v1
-        try:
-            found.append(max(int((cgroup / limit).read_text()) - int((cgroup / usage).read_text()), 0))
-        except (OSError, ValueError):   # no such file, or "max": no limit
-            pass
-    return min(found) if found else None

@@ -10,6 +10,7 @@ the output folder can be moved or shared as a whole.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -131,11 +132,15 @@ def write_manifest(path: str | os.PathLike, rows: Iterable[ManifestRow]) -> None
 
 def write_manifest_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
     """``write_manifest`` for rows already serialized by ``ManifestRow.to_json``
-    (a long run keeps them, so each rewrite only joins strings)."""
+    (a long run keeps them, so each rewrite only joins strings). Written a
+    few thousand rows at a time: a million rows joined at once would hold
+    the manifest twice in memory, its rows and their copy."""
     with atomic_write(path) as temp_path:
         # newline="\n": the same bytes on every OS, one row per '\n'.
         with open(temp_path, "w", encoding="utf-8", newline="\n") as manifest_file:
-            manifest_file.write("".join(line + "\n" for line in lines))
+            rows = iter(lines)
+            while chunk := list(itertools.islice(rows, 4096)):
+                manifest_file.write("".join(line + "\n" for line in chunk))
 
 
 def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -144,15 +149,26 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
     Blank lines are skipped. A row that is not a JSON object with the manifest
     keys and a known status raises ValueError naming ``path:line``.
     """
-    with open(path, "rb") as manifest_file:
-        data = manifest_file.read()
+    return [row for row, _ in read_manifest_as_written(path)]
+
+
+def read_manifest_as_written(path: str | os.PathLike) -> list[tuple[dict[str, Any], str]]:
+    """``read_manifest``'s rows, each with its line as the file holds it."""
     name = os.fspath(path)
     rows = []
-    # Split on '\n' only, matching how write_manifest ends rows.
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if raw.strip():
-            rows.append(_parse_row(raw, name, number))
+    # A binary file's lines end at '\n' only, as write_manifest ends rows;
+    # read one at a time (a million-row manifest is most of a gigabyte).
+    with open(path, "rb") as manifest_file:
+        for number, raw in enumerate(manifest_file, start=1):
+            if raw.strip():
+                rows.append(_parse_row(raw.removesuffix(b"\n"), name, number))
     return rows
+
+
+def as_written(row: ManifestRow, record: dict[str, Any]) -> bool:
+    """Whether ``row`` is the row ``record`` was read from (every field, and
+    nothing else, the same): its line as written serializes it."""
+    return vars(row) == record
 
 
 def plural(n: int, noun: str) -> str:
@@ -187,8 +203,9 @@ def summarize(rows: Iterable[ManifestRow | Mapping[str, Any]]) -> dict[str, Any]
     }
 
 
-def _parse_row(raw: bytes, name: str, number: int) -> dict[str, Any]:
-    """Parse and check one manifest line; ValueError names ``name:number``."""
+def _parse_row(raw: bytes, name: str, number: int) -> tuple[dict[str, Any], str]:
+    """Parse and check one manifest line, and give it with the line as
+    written (no newline); ValueError names ``name:number``."""
     where = f"{name}:{number}"
     try:
         text = raw.decode("utf-8")
@@ -205,7 +222,7 @@ def _parse_row(raw: bytes, name: str, number: int) -> dict[str, Any]:
         raise ValueError(f"{where}: missing keys {', '.join(missing)}; this is not a tts-batch manifest row")
     if record["status"] not in STATUSES:
         raise ValueError(f"{where}: unknown status {record['status']!r}; expected one of: {', '.join(STATUSES)}")
-    return record
+    return record, text.rstrip("\r")
 
 
 def _reject_constant(constant: str) -> Any:

@@ -12,8 +12,9 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from tts_cli.corpus import Utterance
 from tts_cli.formats import Layout, is_shard_folder
 from tts_cli.devices import device_type, open_cuda_early
 from tts_cli.errors import FatalError, OutputError, OutputNotice, cannot_write
-from tts_cli.planning import PendingLine, batch_plan, prepare_line
+from tts_cli.planning import PendingLine, Plan, WindowReader, batch_plan, collector_paused, plan_lines
 from tts_cli.journal import ManifestJournal
 from tts_cli.tarshards import ONE_PROCESS, SHARDS, shard_of
 from tts_cli.writing import LineWriter
@@ -116,7 +117,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     if settings.layout == "webdataset" and together.processes > 1:
         raise FatalError(ONE_PROCESS)
     manifest_path = out_dir / resume.MANIFEST_NAME
-    previous = {} if settings.force else resume.previous_rows(out_dir)
+    with collector_paused():
+        previous = resume.EarlierRows() if settings.force else resume.previous_rows(out_dir)
     seed, seed_source = resume.run_seed(settings, previous)
     seed = together.agree_on_seed(seed)
     if engine is not None and voice is None:   # the bench's: no files behind it
@@ -128,44 +130,52 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     else:   # torch is not imported until there is work (loading.py)
         voice, voiced = voice or resolve_voice(settings), None
     identity = resume.audio_identity(settings, voice)
-    rows, pending = _plan(utterances, settings, seed, identity, previous, out_dir)
+    plan = plan_lines(utterances, settings, seed, identity, previous, out_dir)
     # Only reused rows have a key before synthesis starts.
-    reused_rows = [row for row in rows.values() if row.key is not None]
-    manifest = ManifestJournal(manifest_path, utterances, rows, seed)
-    share, checkpoint = _my_share(pending, manifest, _batch_size(settings, identity), identity["device"],
-                                  together)
-    notices: list[str] = [*voice.notices, _plan_line(utterances, pending, reused_rows, voice)]
+    reused_rows = [row for row in plan.rows.values() if row.key is not None]
+    to_do = len(plan.pending) + sum(len(window) for window in plan.unread)
+    notices: list[str] = [*voice.notices, _plan_line(utterances, to_do, reused_rows, voice)]
     for notice in notices:
         on_notice(notice)
-    stop = signals.stop
-    started = time.perf_counter()
-    # An unwritable directory fails before loading models.
-    _prepare_output(out_dir, settings, remove_temp_files=together.removes_temp_files)
-    if share.batches and not stop.is_set():   # a signal during the checks: no need to load
-        if engine is None:
-            if device_type(voice.device) == "cuda":
-                open_cuda_early(voice.device)
-            from tts_cli.loading import load_engine
-            engine, voiced, voice_info = load_engine(settings, voice)
-        notices.extend(engine.notices)
-        for notice in engine.notices:
-            on_notice(notice)
-    # the voice's sample rate and denoiser strength, once its models are loaded
-    settings = voiced or settings
-    load_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    layout = Layout.for_corpus(settings.audio_format, settings.shard_size, max((u.line for u in utterances), default=0))
-    writer = LineWriter(settings, layout, out_dir, seed, voice_info.sample_rate if voice_info else None)
-    try:
-        together.take_over(manifest)
-        if share.batches and not stop.is_set():
-            _run_batches(engine, share, settings, writer, checkpoint, signals)
-    finally:
+    manifest = ManifestJournal(manifest_path, utterances, plan.rows, seed, written=plan.written)
+    # nothing to make and every row as the manifest holds it, in its order: no need to write it again
+    manifest.on_disk = (not to_do and not previous.partial and len(plan.written) == len(utterances)
+                        and list(previous.written) == [u.id for u in utterances])
+    batch_size = _batch_size(settings, identity)
+    share, checkpoint = _my_share(plan.pending, manifest, batch_size, identity["device"], together)
+    # the first window of lines to read is read while the models load
+    with contextlib.closing(WindowReader(plan.unread, settings, seed, identity)) as reader:
+        stop = signals.stop
+        started = time.perf_counter()
+        # An unwritable directory fails before loading models.
+        _prepare_output(out_dir, settings, remove_temp_files=together.removes_temp_files)
+        if (share.batches or plan.unread) and not stop.is_set():   # a signal during the checks: no need to load
+            if engine is None:
+                if device_type(voice.device) == "cuda":
+                    open_cuda_early(voice.device)
+                from tts_cli.loading import load_engine
+                engine, voiced, voice_info = load_engine(settings, voice)
+            notices.extend(engine.notices)
+            for notice in engine.notices:
+                on_notice(notice)
+        # the voice's sample rate and denoiser strength, once its models are loaded
+        settings = voiced or settings
+        load_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        layout = Layout.for_corpus(settings.audio_format, settings.shard_size, max((u.line for u in utterances), default=0))
+        writer = LineWriter(settings, layout, out_dir, seed, voice_info.sample_rate if voice_info else None)
         try:
-            writer.close()   # the last shard gets its name before the rows naming it are saved
+            together.take_over(manifest)
+            if (share.batches or plan.unread) and not stop.is_set():
+                windows = _windows(share, reader, batch_size, identity["device"], manifest, checkpoint, together)
+                mine = len(share.lines) + (to_do - len(plan.pending)) // together.processes
+                _run_batches(engine, windows, mine, settings, writer, checkpoint, signals)
         finally:
-            checkpoint.save(final=True)
-    together.finish(manifest, checkpoint, share, writer, signals)
+            try:
+                writer.close()   # the last shard gets its name before the rows naming it are saved
+            finally:
+                checkpoint.save(final=True)
+        together.finish(manifest, checkpoint, share, writer, signals)
     ordered = manifest.ordered()
     if together.removes_temp_files and signals.received is None:   # one process looks: rank 0, or alone
         _report_orphans(out_dir, ordered, settings.prune, on_notice)
@@ -175,7 +185,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                          wall_seconds=time.perf_counter() - started, load_seconds=load_seconds,
                          seed=seed, notices=notices, reused=len(reused_rows), seed_source=seed_source,
                          reused_seconds=sum(row.duration for row in reused_rows),
-                         processes=together.processes, made=len(pending),
+                         processes=together.processes, made=to_do - _skipped_later(plan, manifest),
                          retried=_retried(ordered, reused_rows))
     if signals.received is not None:
         raise Interrupted(signals.received, summary, checkpoint.path, *checkpoint.progress())
@@ -189,9 +199,10 @@ def orphans(out_dir: Path, rows: list[ManifestRow]) -> list[Path]:
     paths relative to ``out_dir``, from the folders' listings (no stat per
     file where the file system says what each entry is)."""
     named = {shard_of(name) or name for row in rows for name in (row.audio_filepath, row.mel_filepath) if name}
-    found = [f"{folder.relative_to(out_dir).as_posix()}/{name}"
+    found = [f"{where}/{name}"
              for kind, suffixes in (("wavs", (".wav", ".flac")), ("mels", (".npy",)))
-             for folder in _folders_of(out_dir / kind) for name in _files_in(folder) if name.endswith(suffixes)]
+             for folder in _folders_of(out_dir / kind) for where in [folder.relative_to(out_dir).as_posix()]
+             for name in _files_in(folder) if name.endswith(suffixes)]
     found += [f"{SHARDS}/{name}" for name in _files_in(out_dir / SHARDS)
               if name.startswith("shard-") and name.endswith(".tar")]
     return sorted(out_dir / name for name in found if name not in named and not name.rpartition("/")[2].startswith("."))
@@ -238,13 +249,38 @@ def _retried(rows: list[ManifestRow], reused: list[ManifestRow]) -> int:
                and row.alignment["attempts"] > (len(row.alignment.get("pieces", ())) or 1))
 
 
-def _plan_line(utterances: list[Utterance], pending: list[PendingLine], reused: list[ManifestRow],
-               voice: ResolvedVoice) -> str:
-    """The run's first line: what it will do, with which voice, where."""
-    without = len(utterances) - len(pending) - len(reused)
+def _plan_line(utterances: list[Utterance], to_do: int, reused: list[ManifestRow], voice: ResolvedVoice) -> str:
+    """The run's first line: what it will do, with which voice, where. In a
+    corpus read a window at a time (planning.READ_WINDOW), a line of a later
+    window counts as to do until its window is read."""
+    without = len(utterances) - to_do - len(reused)
     others = f", {without:,} without audio (skipped or unreadable)" if without else ""
-    return (f"{plural(len(utterances), 'line')}: {len(pending):,} to do, {len(reused):,} reused from an "
+    return (f"{plural(len(utterances), 'line')}: {to_do:,} to do, {len(reused):,} reused from an "
             f"earlier run{others}; {voice.label} on {voice.device}, {voice.precision}")
+
+
+def _windows(first: Share, reader: WindowReader, batch_size: int, device: str, manifest: ManifestJournal,
+             checkpoint: ManifestJournal, together: Alone | Together):
+    """This process's share of the lines read with the plan (``first``),
+    then of each window ``reader`` reads. Of a window's lines, ``first``
+    keeps those whose pieces more than one process makes (``Together.finish``
+    writes them)."""
+    yield first
+    for rows, pending in reader:
+        manifest.rows.update(rows)
+        share, _ = together.share(batch_plan(pending, batch_size, SHORTEST_FIRST[device]), pending, manifest,
+                                  checkpoint)
+        first.lines.extend(p for p in share.lines if p in share.shared)
+        first.shared |= share.shared
+        del pending
+        yield share
+
+
+def _skipped_later(plan: Plan, manifest: ManifestJournal) -> int:
+    """The lines of the plan's later windows that turned out to have nothing
+    to make (their rows were made when their window was read)."""
+    return sum(1 for window in plan.unread for u, _ in window
+               if u.line in manifest.rows and not manifest.rows[u.line].key)
 
 
 def _batch_size(settings: Settings, identity: dict) -> int:
@@ -257,33 +293,6 @@ def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size:
     """This process's share of the plan and where it saves its rows (coordination.py)."""
     return coordinator.share(batch_plan(pending, batch_size, shortest_first=SHORTEST_FIRST[device]), pending,
                              manifest)
-
-
-def _plan(utterances: list[Utterance], settings: Settings, seed: int, identity: dict,
-          previous: dict[str, dict], out_dir: Path) -> tuple[dict[int, ManifestRow], list[PendingLine]]:
-    """Rows known before synthesis (lines with nothing to say, lines an
-    earlier run finished) and the lines left to synthesize. A line whose
-    earlier row has its text key keeps that row's key unread
-    (``resume.text_key``); the others are read and keyed here."""
-    rows: dict[int, ManifestRow] = {}
-    left = []
-    context = resume.text_context(seed, identity, settings)
-    for u in utterances:
-        old, text_key = previous.get(u.id), resume.text_key(context, u)
-        kept = resume.kept_as_read(old, text_key, u, out_dir, settings)
-        if kept is not None:
-            rows[u.line] = kept
-            continue
-        p = prepare_line(u, seed, rows, settings)
-        if p is None:
-            continue
-        p.key, p.text_key = resume.line_key(p.pieces, u.id, seed, identity, settings.piece_pause), text_key
-        kept = resume.reusable_row(old, p.key, u, out_dir, settings)
-        if kept is None:
-            left.append(p)
-        else:
-            rows[u.line] = replace(kept, text_key=text_key)
-    return rows, left
 
 
 def _prepare_output(out_dir: Path, settings: Settings, remove_temp_files: bool = True) -> None:
@@ -323,22 +332,40 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _run_batches(engine: Engine, share: Share, settings: Settings, writer: "LineWriter",
+def _run_batches(engine: Engine, shares: Iterable[Share], lines: int, settings: Settings, writer: "LineWriter",
                  checkpoint: ManifestJournal, signals: StopOnSignals) -> None:
-    """The GPU runs batches of pieces on its own threads; a line's WAV is
-    written by a small pool once all its pieces are back (a shared line's
-    pieces go to files instead); the manifest is saved as rows come in. A
-    write that fails (no space, permissions, an I/O error) ends the run:
-    the work in flight is dropped, the rows of the lines written are saved."""
+    """The GPU runs batches of pieces on its own threads, a window of the
+    plan at a time (``shares``, about ``lines`` lines in all); a line's WAV
+    is written by a small pool once all its pieces are back (a shared
+    line's pieces go to files instead); the manifest is saved as rows come
+    in. A write that fails (no space, permissions, an I/O error) ends the
+    run: the work in flight is dropped, the rows of the lines written are
+    saved."""
+    failure: OSError | None = None
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, \
+            _Progress(lines, settings.quiet) as progress:
+        for share in shares:
+            if signals.stop.is_set():
+                break
+            if share.batches:
+                failure = _run_window(engine, share, writer, checkpoint, signals, pool, progress)
+            if failure is not None:
+                break
+    if failure is not None:
+        checkpoint.save(final=True)
+        raise OutputError(cannot_write(writer.out_dir, failure))
+
+
+def _run_window(engine: Engine, share: Share, writer: "LineWriter", checkpoint: ManifestJournal,
+                signals: StopOnSignals, pool: ThreadPoolExecutor, progress: "_Progress") -> OSError | None:
+    """``_run_batches`` for one window; the first write that failed, if one did."""
     for p in share.lines:
         checkpoint.pending_said[p.utterance.line] = p.normalized, p.dropped
     job_batches, work = jobs_of(share.batches)
     failure: OSError | None = None
-    progress = _Progress(len(share.lines), settings.quiet)
     results = engine.synthesize_all(job_batches, stop=signals.stop, abort=signals.abort)
     # closing: whatever ends this loop, the engine's threads are joined here
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="tts-write") as pool, progress, \
-            contextlib.closing(results):
+    with contextlib.closing(results):
         for jobs, made in results:
             done, handed = collect(jobs, made, work, share.shared)
             del made
@@ -363,9 +390,7 @@ def _run_batches(engine: Engine, share: Share, settings: Settings, writer: "Line
             if failure is not None:
                 break
             checkpoint.save()
-    if failure is not None:
-        checkpoint.save(final=True)
-        raise OutputError(cannot_write(writer.out_dir, failure))
+    return failure
 
 
 def jobs_of(batches: list[list[tuple[PendingLine, int]]]) -> tuple[list[list[Job]], list[tuple[PendingLine, int]]]:

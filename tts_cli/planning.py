@@ -1,17 +1,31 @@
-"""Planning a run, without torch: each corpus line normalized (and, when
-long, cut) into the pieces to synthesize, each piece's seed, and the
-length-sorted batches, the same on one process and on every process of a
-torchrun job. Lines that cannot be synthesized get their manifest row here."""
+"""Planning a run, without torch: which lines an earlier run made already,
+each other corpus line normalized (and, when long, cut) into the pieces to
+synthesize, each piece's seed, and the length-sorted batches, the same on
+one process and on every process of a torchrun job. Lines that cannot be
+synthesized get their manifest row here.
+
+A long corpus is read a window at a time: when more than READ_WINDOW lines
+were made by no earlier run, they are read a window at a time, the first
+while the models load and each next one while the one before it is made,
+so neither the plan nor the first batch waits for the text front end to
+read a million lines, and their pieces are not all held at once.
+"""
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from tts_cli import resume
 from tts_cli import text as frontend
 from tts_cli.batching import length_sorted_batches
 from tts_cli.config import Settings
 from tts_cli.corpus import NOTHING_TO_SAY, Utterance
-from tts_cli.manifest import ManifestRow, row_without_audio
+from tts_cli.manifest import ManifestRow, as_written, row_without_audio
 from tts_cli.splitting import split_text
 
 
@@ -40,6 +54,119 @@ class PendingLine:
     @property
     def complete(self) -> bool:
         return all(r is not None for r in self.results)
+
+
+# Lines read for the first time (no earlier row to compare with) past this
+# many wait for their window: the front end reads about 20,000 lines a second
+# on one core, a GPU makes about 170, so a window is read in a few seconds
+# while the one before it takes minutes to make.
+READ_WINDOW = 50_000
+
+
+@dataclass
+class Plan:
+    """A run's plan (``plan_lines``)."""
+    rows: dict[int, ManifestRow]   # the rows known before synthesis, by corpus line
+    pending: list[PendingLine]     # the lines read and left to make
+    written: dict[int, str]        # the kept rows the manifest holds as they are: its lines, by corpus line
+    unread: list[list[tuple[Utterance, str]]]   # windows of lines (with their text keys) to read later
+
+
+def plan_lines(utterances: list[Utterance], settings: Settings, seed: int, identity: dict,
+               previous: resume.EarlierRows, out_dir: Path) -> Plan:
+    """Rows known before synthesis (lines with nothing to say, lines an
+    earlier run finished) and the lines left to synthesize, in corpus
+    order. A line whose earlier row has its text key keeps that row's key
+    unread (``resume.text_key``); the others are read and keyed here, but
+    for the lines no earlier run made when there are more than READ_WINDOW
+    of those: they wait in ``unread``, in windows of READ_WINDOW, read
+    once the plan is made (``WindowReader``). Each earlier row is let go
+    once its line is planned (a million of them are a gigabyte)."""
+    plan = Plan({}, [], {}, [])
+    to_read = []
+    context = resume.text_context(seed, identity, settings)
+    with collector_paused():
+        for u in utterances:
+            old, text_key = previous.pop(u.id, None), resume.text_key(context, u)
+            kept = resume.kept_as_read(old, text_key, u, out_dir, settings)
+            if kept is None:
+                to_read.append((u, old, text_key))
+                continue
+            plan.rows[u.line] = kept
+            if u.id in previous.written and as_written(kept, old):
+                plan.written[u.line] = previous.written[u.id]
+        fresh = [(u, text_key) for u, old, text_key in to_read if old is None]
+        if len(fresh) > READ_WINDOW:
+            plan.unread = [fresh[i:i + READ_WINDOW] for i in range(0, len(fresh), READ_WINDOW)]
+            to_read = [entry for entry in to_read if entry[1] is not None]
+        del fresh
+        for u, old, text_key in to_read:
+            p = prepare_line(u, seed, plan.rows, settings)
+            if p is None:   # its row is made
+                row = plan.rows[u.line]
+            else:
+                p.key, p.text_key = resume.line_key(p.pieces, u.id, seed, identity, settings.piece_pause), text_key
+                kept = resume.reusable_row(old, p.key, u, out_dir, settings)
+                if kept is None:
+                    plan.pending.append(p)
+                    continue
+                row = plan.rows[u.line] = replace(kept, text_key=text_key)
+            if old is not None and u.id in previous.written and as_written(row, old):
+                plan.written[u.line] = previous.written[u.id]
+    return plan
+
+
+def read_window(window: list[tuple[Utterance, str]], settings: Settings, seed: int,
+                identity: dict) -> tuple[dict[int, ManifestRow], list[PendingLine]]:
+    """A window of ``Plan.unread``, read: the rows of its lines that cannot
+    be synthesized, and its lines to make, in corpus order."""
+    rows, pending = {}, []
+    with collector_paused():
+        for u, text_key in window:
+            p = prepare_line(u, seed, rows, settings)
+            if p is not None:
+                p.key, p.text_key = resume.line_key(p.pieces, u.id, seed, identity, settings.piece_pause), text_key
+                pending.append(p)
+    return rows, pending
+
+
+class WindowReader:
+    """The plan's windows of lines to read (``Plan.unread``), each read
+    (``read_window``) on a thread while the one before it is made; the
+    first from the moment this is made, while the models load."""
+
+    def __init__(self, windows: list[list[tuple[Utterance, str]]], settings: Settings, seed: int,
+                 identity: dict):
+        self.windows, self._how = windows, (settings, seed, identity)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-read")
+        self._ahead = self._read(0)
+
+    def _read(self, n: int):
+        return self._thread.submit(read_window, self.windows[n], *self._how) if n < len(self.windows) else None
+
+    def __iter__(self) -> Iterator[tuple[dict[int, ManifestRow], list[PendingLine]]]:
+        """Each window's rows and lines to make (``read_window``), in order."""
+        for n in range(len(self.windows)):
+            read, self._ahead = self._ahead.result(), self._read(n + 1)
+            yield read
+
+    def close(self) -> None:
+        """Stop: the window being read is finished, no other is begun."""
+        self._thread.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cycle collector off for a block that makes objects by the
+    million and drops none (the plan): each of its full passes would walk
+    every one of them, for nothing."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def prepare_line(u: Utterance, run_seed: int, rows: dict[int, ManifestRow],

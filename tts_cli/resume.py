@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import soundfile as sf
 
-from tts_cli.alignment import Thresholds
+from tts_cli.alignment import thresholds_record
 from tts_cli.config import ALIGNMENT_SETTINGS, NOT_IN_THE_RESUME_KEY, Settings
 from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
 from tts_cli.formats import names_a_place_for
-from tts_cli.manifest import PARTIAL_MANIFESTS, ManifestRow, read_manifest
+from tts_cli.manifest import PARTIAL_MANIFESTS, ManifestRow, read_manifest_as_written
 from tts_cli.tarshards import key_of, member_size
 
 if TYPE_CHECKING:
@@ -58,24 +58,43 @@ def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
 
 def _alignment_identity(settings: Settings) -> dict | None:
     """The checks and retries, which decide which attempt a line keeps."""
-    thresholds = Thresholds.from_settings(settings)
-    if thresholds is None:
+    if not settings.check_alignment:
         return None
-    return {**thresholds.record(), "retries": settings.retries}
+    return {**thresholds_record(settings), "retries": settings.retries}
 
 
-def previous_rows(out_dir: Path) -> dict[str, dict]:
+class EarlierRows(dict):
+    """The rows earlier runs left, by id (``previous_rows``), and, for
+    those the manifest holds, ``written``: each row's line as it stands in
+    the manifest, by id (a kept row the same in every field is written back
+    as it was read, not serialized again)."""
+
+    def __init__(self):
+        super().__init__()
+        self.written: dict[str, str] = {}
+        self.partial = False   # a torchrun job left partial manifests
+
+
+def previous_rows(out_dir: Path) -> EarlierRows:
     """The rows earlier runs left, by id: the manifest's, then (newer) those
     of the partial manifests a torchrun job left when it stopped before
     merging them; none when there is no manifest."""
-    rows = {}
-    for path in [out_dir / MANIFEST_NAME, *partial_manifests(out_dir)]:
+    rows = EarlierRows()
+    partial = partial_manifests(out_dir)
+    for path in [out_dir / MANIFEST_NAME, *partial]:
         if not path.exists():
             continue
         try:
-            rows.update((row["id"], row) for row in read_manifest(path))
+            read = read_manifest_as_written(path)
         except (ValueError, OSError) as e:
             raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
+        rows.update((row["id"], row) for row, _ in read)
+        if path.name == MANIFEST_NAME:
+            rows.written = {row["id"]: line for row, line in read}
+        else:
+            rows.partial = True
+            for row, _ in read:
+                rows.written.pop(row["id"], None)
     return rows
 
 

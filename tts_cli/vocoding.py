@@ -29,7 +29,7 @@ DENOISER_FFT_ROWS = 16384
 @dataclass(frozen=True)
 class Result:
     audio: np.ndarray       # (samples,) float32, samples = frames * hop
-    mel: np.ndarray | None  # (n_mel, frames) float32, the postnet mel; None unless return_mels
+    mel: np.ndarray | None  # (n_mel, frames) float32, the postnet mel; None unless the settings' save_mels
     frames: int
     truncated: bool         # hit max_decoder_steps without the gate firing
     checked: Checked | None = None   # its alignment check; None when the run checks none
@@ -41,7 +41,7 @@ class Launched:
     ``ready`` (None: the copies were synchronous) has passed."""
     jobs: list[Job]
     audio: torch.Tensor     # host (B, F*hop) float32
-    mel: torch.Tensor | None  # host (B, n_mel, F) float32; None unless return_mels
+    mel: torch.Tensor | None  # host (B, n_mel, F) float32; None unless the settings' save_mels
     counts: list[int]
     cut: list[bool]
     ready: object | None
@@ -68,7 +68,7 @@ def _to_host(tensor: torch.Tensor, asynchronous: bool) -> torch.Tensor:
 
 class Vocoding:
     """Engine methods that vocode. They read the engine's ``device``,
-    ``settings`` (``sigma``, ``denoiser_strength``, ``return_mels``),
+    ``settings`` (``sigma``, ``denoiser_strength``, ``save_mels``),
     ``waveglow``, ``fast_waveglow`` (None: the plain model), ``fast``,
     ``inverse_weights``, ``max_waveglow_rows`` and ``denoiser`` (or None)."""
 
@@ -120,7 +120,7 @@ class Vocoding:
         # One copy of the whole batch each: per-item copies would stall the stream.
         overlap = self.device.type == "cuda"
         audio = _to_host(audio, overlap)
-        mel = _to_host(mel.float(), overlap) if self.settings.return_mels else None
+        mel = _to_host(mel.float(), overlap) if self.settings.save_mels else None
         return Launched(jobs, audio, mel, counts, cut, record_event(self.device) if overlap else None)
 
     def _finish(self, launched: Launched) -> list[Result]:

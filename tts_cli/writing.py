@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tts_cli.alignment import Checked, Thresholds, line_record, suspicion
+from tts_cli.alignment import Checked, line_record, suspicion
 from tts_cli import formats
 from tts_cli.audio import atomic_write, encode_audio, encode_mel, resample, write_audio, write_mel
 from tts_cli.config import Settings
@@ -187,7 +187,6 @@ def verdict(results: list[Result], max_steps: int, caution: str | None = None) -
 
 def _alignment_record(results: list[Result], settings: Settings) -> dict | None:
     """The row's ``alignment``, when the run checks it."""
-    thresholds = Thresholds.from_settings(settings)
-    if thresholds is None or any(r.checked is None for r in results):
+    if not settings.check_alignment or any(r.checked is None for r in results):
         return None
-    return line_record([r.checked for r in results], thresholds)
+    return line_record([r.checked for r in results], settings)
