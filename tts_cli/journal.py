@@ -74,6 +74,7 @@ class ManifestJournal:
                 cached = self._placeholders[u.line] = (normalized, self._unfinished(u).to_json())
             return cached[1]
         self._placeholders.pop(u.line, None)
+        self.pending_said.pop(u.line, None)
         cached = self._serialized.get(u.line)
         if cached is None or cached[0] is not row:
             cached = self._serialized[u.line] = (row, row.to_json())

@@ -10,10 +10,12 @@ the output folder can be moved or shared as a whole.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
+import operator
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,7 @@ PARTIAL_MANIFESTS = "manifest.rank-*-of-*.jsonl"
 _LINE_BREAKING_CHARACTERS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
-@dataclass
+@dataclass(slots=True)   # no dict per row: a million rows are held to the end of a run
 class ManifestRow:
     """What happened to one corpus line."""
 
@@ -103,6 +105,8 @@ class ManifestRow:
 
 
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(ManifestRow))
+ROW_FIELD_SET = frozenset(_FIELD_NAMES)
+_row_values, _record_values = operator.attrgetter(*_FIELD_NAMES), operator.itemgetter(*_FIELD_NAMES)
 
 
 def row_without_audio(u: Utterance, normalized: str, status: str, reason: str | None,
@@ -154,21 +158,26 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def read_manifest_as_written(path: str | os.PathLike) -> list[tuple[dict[str, Any], str]]:
     """``read_manifest``'s rows, each with its line as the file holds it."""
+    return list(manifest_as_written(path))
+
+
+def manifest_as_written(path: str | os.PathLike) -> Iterator[tuple[dict[str, Any], str]]:
+    """``read_manifest_as_written`` a row at a time (a million-row manifest
+    is most of a gigabyte, its rows as dicts more)."""
     name = os.fspath(path)
-    rows = []
-    # A binary file's lines end at '\n' only, as write_manifest ends rows;
-    # read one at a time (a million-row manifest is most of a gigabyte).
+    # A binary file's lines end at '\n' only, as write_manifest ends rows.
     with open(path, "rb") as manifest_file:
         for number, raw in enumerate(manifest_file, start=1):
             if raw.strip():
-                rows.append(_parse_row(raw.removesuffix(b"\n"), name, number))
-    return rows
+                yield _parse_row(raw.removesuffix(b"\n"), name, number)
 
 
-def as_written(row: ManifestRow, record: dict[str, Any]) -> bool:
+def as_written(row: ManifestRow, record: ManifestRow | dict[str, Any]) -> bool:
     """Whether ``row`` is the row ``record`` was read from (every field, and
     nothing else, the same): its line as written serializes it."""
-    return vars(row) == record
+    if isinstance(record, ManifestRow):
+        return row == record
+    return record.keys() == ROW_FIELD_SET and _row_values(row) == _record_values(record)
 
 
 def plural(n: int, noun: str) -> str:
@@ -186,15 +195,15 @@ def summarize(rows: Iterable[ManifestRow | Mapping[str, Any]]) -> dict[str, Any]
     audio_seconds = 0.0
     clipped_samples = 0
     for row in rows:
-        record = vars(row) if isinstance(row, ManifestRow) else row
-        status = record["status"]
+        get = functools.partial(getattr, row) if isinstance(row, ManifestRow) else row.get
+        status = get("status")
         if status not in counts:
             raise ValueError(
-                f"unknown status {status!r} for id {record.get('id')!r}; expected one of: {', '.join(STATUSES)}"
+                f"unknown status {status!r} for id {get('id')!r}; expected one of: {', '.join(STATUSES)}"
             )
         counts[status] += 1
-        audio_seconds += float(record.get("duration") or 0.0)
-        clipped_samples += int(record.get("clipped_samples") or 0)
+        audio_seconds += float(get("duration") or 0.0)
+        clipped_samples += int(get("clipped_samples") or 0)
     return {
         "rows": sum(counts.values()),
         "counts": counts,

@@ -29,7 +29,7 @@ from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
 from tts_cli.formats import names_a_place_for
-from tts_cli.manifest import PARTIAL_MANIFESTS, ManifestRow, read_manifest_as_written
+from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, ManifestRow, manifest_as_written
 from tts_cli.tarshards import key_of, member_size
 
 if TYPE_CHECKING:
@@ -84,17 +84,19 @@ def previous_rows(out_dir: Path) -> EarlierRows:
     for path in [out_dir / MANIFEST_NAME, *partial]:
         if not path.exists():
             continue
+        whole = path.name == MANIFEST_NAME
+        rows.partial |= not whole
         try:
-            read = read_manifest_as_written(path)
+            for row, line in manifest_as_written(path):
+                # a row as this version writes it is kept as a ManifestRow (a
+                # dict per row took a gigabyte a million)
+                rows[row["id"]] = ManifestRow(**row) if row.keys() == ROW_FIELD_SET else row
+                if whole:
+                    rows.written[row["id"]] = line
+                else:
+                    rows.written.pop(row["id"], None)
         except (ValueError, OSError) as e:
             raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
-        rows.update((row["id"], row) for row, _ in read)
-        if path.name == MANIFEST_NAME:
-            rows.written = {row["id"]: line for row, line in read}
-        else:
-            rows.partial = True
-            for row, _ in read:
-                rows.written.pop(row["id"], None)
     return rows
 
 
@@ -107,9 +109,10 @@ def run_seed(settings: Settings, previous: dict[str, dict]) -> tuple[int, str]:
     re-run continues the same job; else a fresh random one."""
     if settings.seed is not None:
         return settings.seed, "given"
-    recorded = [row["seed"] for row in previous.values() if isinstance(row.get("seed"), int)]
-    if recorded:
-        return recorded[0], "from the existing manifest"
+    recorded = next((seed for seed in map(functools.partial(_get, name="seed"), previous.values())
+                     if isinstance(seed, int)), None)
+    if recorded is not None:
+        return recorded, "from the existing manifest"
     return secrets.randbelow(2 ** 31), "random"
 
 
@@ -164,17 +167,17 @@ def text_key(context: str, u: Utterance) -> str:
     return hashlib.blake2b(f"{context}\0{u.id}\0{u.text}".encode(), digest_size=16).hexdigest()
 
 
-def kept_as_read(old: dict | None, text_key_now: str, u: Utterance, out_dir: Path,
+def kept_as_read(old: ManifestRow | dict | None, text_key_now: str, u: Utterance, out_dir: Path,
                  settings: Settings) -> ManifestRow | None:
     """The earlier row, to keep, when it was made from the same text under
     the same context (its text key is ``text_key_now``) and its files are
     whole (``reusable_row`` with the row's own key); else None."""
-    if old is None or old.get("text_key") != text_key_now or not isinstance(old.get("key"), str):
+    if old is None or _get(old, "text_key") != text_key_now or not isinstance(_get(old, "key"), str):
         return None
-    return reusable_row(old, old["key"], u, out_dir, settings)
+    return reusable_row(old, _get(old, "key"), u, out_dir, settings)
 
 
-def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
+def reusable_row(old: ManifestRow | dict | None, key: str, u: Utterance, out_dir: Path,
                  settings: Settings) -> ManifestRow | None:
     """The earlier run's row, to keep with its WAV, when the key matches and
     the WAV is whole (present, at the recorded length and rate); else None.
@@ -189,14 +192,14 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
     layout (flat, or shards of another size; formats.Layout) keeps its
     paths, so a corpus that grows past one shard remakes nothing.
     """
-    if old is None or old.get("key") != key or old["status"] not in REUSABLE:
+    if old is None or _get(old, "key") != key or _get(old, "status") not in REUSABLE:
         return None
-    wav, mel = old["audio_filepath"], old.get("mel_filepath")
+    wav, mel = _get(old, "audio_filepath"), _get(old, "mel_filepath")
     if not isinstance(wav, str):
         return None
     if settings.layout == "webdataset":
         key = key_of(u.id)
-        size = old.get("audio_bytes")
+        size = _get(old, "audio_bytes")
         if (wav.rpartition("/")[2] != f"{key}.{settings.audio_format}" or not isinstance(size, int)
                 or member_size(out_dir, wav) != size):
             return None
@@ -204,15 +207,25 @@ def reusable_row(old: dict | None, key: str, u: Utterance, out_dir: Path,
             mel = None
     else:
         if (not names_a_place_for(wav, "wavs", f"{u.id}.{settings.audio_format}")
-                or not _whole_audio(os.path.join(out_dir, wav), old["num_samples"], old["duration"],
-                                    old.get("audio_bytes"))):
+                or not _whole_audio(os.path.join(out_dir, wav), _get(old, "num_samples"), _get(old, "duration"),
+                                    _get(old, "audio_bytes"))):
             return None
         if (not isinstance(mel, str) or not names_a_place_for(mel, "mels", f"{u.id}.npy")
-                or _mel_frames(out_dir / mel) != old["mel_frames"]):
+                or _mel_frames(out_dir / mel) != _get(old, "mel_frames")):
             mel = None
     if settings.save_mels and mel is None:
         return None
+    if isinstance(old, ManifestRow):
+        if (old.line, old.text, old.mel_filepath) == (u.line, u.text, mel):
+            return old
+        return dataclasses.replace(old, line=u.line, text=u.text, mel_filepath=mel)
     return ManifestRow(**{k: v for k, v in old.items() if k in _ROW_FIELDS}, line=u.line, text=u.text, mel_filepath=mel)
+
+
+def _get(old: ManifestRow | dict, name: str):
+    """A field of an earlier row: read back whole (a ManifestRow), or a
+    record with fields of its own (a dict, from another version)."""
+    return getattr(old, name, None) if isinstance(old, ManifestRow) else old.get(name)
 
 
 def _whole_audio(path: str, samples: int, duration: float, size: int | None) -> bool:
