@@ -162,7 +162,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         settings = voiced or settings
         load_seconds = time.perf_counter() - started
         started = time.perf_counter()
-        layout = Layout.for_corpus(settings.audio_format, settings.shard_size, max((u.line for u in utterances), default=0))
+        layout = Layout.for_corpus(settings.audio_format, settings.shard_size,
+                                   max((u.line for u in utterances), default=0))
         writer = LineWriter(settings, layout, out_dir, seed, voice_info.sample_rate if voice_info else None)
         try:
             together.take_over(manifest)
