@@ -176,7 +176,7 @@ def as_written(row: ManifestRow, record: ManifestRow | dict[str, Any]) -> bool:
     """Whether ``row`` is the row ``record`` was read from (every field, and
     nothing else, the same): its line as written serializes it."""
     if isinstance(record, ManifestRow):
-        return row == record
+        return row is record or row == record
     return record.keys() == ROW_FIELD_SET and _row_values(row) == _record_values(record)
 
 
@@ -221,7 +221,7 @@ def _parse_row(raw: bytes, name: str, number: int) -> tuple[dict[str, Any], str]
     except UnicodeDecodeError as error:
         raise ValueError(f"{where}: not valid UTF-8 (byte 0x{raw[error.start]:02x}); the manifest is damaged") from None
     try:
-        record = json.loads(text, parse_constant=_reject_constant)
+        record = _DECODER.decode(text)
     except ValueError as error:
         raise ValueError(f"{where}: not valid JSON ({error}); the manifest is damaged or truncated") from None
     if not isinstance(record, dict):
@@ -237,6 +237,10 @@ def _parse_row(raw: bytes, name: str, number: int) -> tuple[dict[str, Any], str]
 def _reject_constant(constant: str) -> Any:
     """json.loads accepts NaN/Infinity by default; a manifest never contains them."""
     raise ValueError(f"{constant} is not valid JSON")
+
+
+# one decoder for every row (json.loads with an argument makes one a call)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _numpy_scalar_to_python(value: Any) -> Any:

@@ -315,12 +315,10 @@ _TEMP_NAME = re.compile(r"\..+\.(\d+)\.tmp")
 def _remove_stale_temp_files(folder: Path) -> None:
     """Delete the temporary files a killed run left behind (its pid is gone);
     those of a live process, which may still be writing, are left alone."""
-    if not folder.is_dir():
-        return
-    for path in folder.iterdir():
-        match = _TEMP_NAME.fullmatch(path.name)
+    for name in _files_in(folder):
+        match = name.startswith(".") and _TEMP_NAME.fullmatch(name)
         if match and not _alive(int(match[1])):
-            path.unlink(missing_ok=True)
+            (folder / name).unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

@@ -192,14 +192,17 @@ def reusable_row(old: ManifestRow | dict | None, key: str, u: Utterance, out_dir
     layout (flat, or shards of another size; formats.Layout) keeps its
     paths, so a corpus that grows past one shard remakes nothing.
     """
-    if old is None or _get(old, "key") != key or _get(old, "status") not in REUSABLE:
+    if old is None:
         return None
-    wav, mel = _get(old, "audio_filepath"), _get(old, "mel_filepath")
+    field = functools.partial(getattr, old) if isinstance(old, ManifestRow) else old.get
+    if field("key") != key or field("status") not in REUSABLE:
+        return None
+    wav, mel = field("audio_filepath"), field("mel_filepath")
     if not isinstance(wav, str):
         return None
     if settings.layout == "webdataset":
         key = key_of(u.id)
-        size = _get(old, "audio_bytes")
+        size = field("audio_bytes")
         if (wav.rpartition("/")[2] != f"{key}.{settings.audio_format}" or not isinstance(size, int)
                 or member_size(out_dir, wav) != size):
             return None
@@ -207,11 +210,11 @@ def reusable_row(old: ManifestRow | dict | None, key: str, u: Utterance, out_dir
             mel = None
     else:
         if (not names_a_place_for(wav, "wavs", f"{u.id}.{settings.audio_format}")
-                or not _whole_audio(os.path.join(out_dir, wav), _get(old, "num_samples"), _get(old, "duration"),
-                                    _get(old, "audio_bytes"))):
+                or not _whole_audio(os.path.join(out_dir, wav), field("num_samples"), field("duration"),
+                                    field("audio_bytes"))):
             return None
         if (not isinstance(mel, str) or not names_a_place_for(mel, "mels", f"{u.id}.npy")
-                or _mel_frames(out_dir / mel) != _get(old, "mel_frames")):
+                or _mel_frames(out_dir / mel) != field("mel_frames")):
             mel = None
     if settings.save_mels and mel is None:
         return None
