@@ -37,11 +37,10 @@ class ManifestJournal:
         self.pending_said: dict[int, tuple[str, str | None]] = {}
         # line -> (row, its JSON line): rows never change once made, so each
         # is serialized once however often the manifest is rewritten; a row
-        # kept as an earlier run wrote it (``written``: line -> that JSON line)
-        # is not serialized again.
+        # kept as an earlier run wrote it (``written``: line -> that JSON line;
+        # a kept row is never replaced) is not serialized at all.
         self.written = written or {}
-        self._serialized: dict[int, tuple[ManifestRow, str]] = {
-            line: (rows[line], text) for line, text in self.written.items()}
+        self._serialized: dict[int, tuple[ManifestRow, str]] = {}
         # The file holds these rows already, as they are (a re-run with nothing
         # to do): no save writes it.
         self.on_disk = False
@@ -73,6 +72,9 @@ class ManifestJournal:
             if cached is None or cached[0] != normalized:
                 cached = self._placeholders[u.line] = (normalized, self._unfinished(u).to_json())
             return cached[1]
+        written = self.written.get(u.line)
+        if written is not None:
+            return written
         self._placeholders.pop(u.line, None)
         self.pending_said.pop(u.line, None)
         cached = self._serialized.get(u.line)
