@@ -33,7 +33,7 @@ PARTIAL_MANIFESTS = "manifest.rank-*-of-*.jsonl"
 _LINE_BREAKING_CHARACTERS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
-@dataclass(slots=True)   # no dict per row: a million rows are held to the end of a run
+@dataclass(slots=True)   # no dict per row: a run holds every row to its end
 class ManifestRow:
     """What happened to one corpus line."""
 
@@ -162,8 +162,8 @@ def read_manifest_as_written(path: str | os.PathLike) -> list[tuple[dict[str, An
 
 
 def manifest_as_written(path: str | os.PathLike) -> Iterator[tuple[dict[str, Any], str]]:
-    """``read_manifest_as_written`` a row at a time (a million-row manifest
-    is most of a gigabyte, its rows as dicts more)."""
+    """``read_manifest_as_written`` a row at a time, so that a long
+    manifest is never held whole, as bytes or as dicts."""
     name = os.fspath(path)
     # A binary file's lines end at '\n' only, as write_manifest ends rows.
     with open(path, "rb") as manifest_file:

@@ -81,7 +81,7 @@ def plan_lines(utterances: list[Utterance], settings: Settings, seed: int, ident
     for the lines no earlier run made when there are more than READ_WINDOW
     of those: they wait in ``unread``, in windows of READ_WINDOW, read
     once the plan is made (``WindowReader``). Each earlier row is let go
-    once its line is planned (a million of them are a gigabyte)."""
+    once its line is planned (BENCHMARKS.md, Scale)."""
     plan = Plan({}, [], {}, [])
     to_read = []
     context = resume.text_context(seed, identity, settings)

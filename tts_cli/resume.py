@@ -88,8 +88,8 @@ def previous_rows(out_dir: Path) -> EarlierRows:
         rows.partial |= not whole
         try:
             for row, line in manifest_as_written(path):
-                # a row as this version writes it is kept as a ManifestRow (a
-                # dict per row took a gigabyte a million)
+                # a row as this version writes it is kept as a ManifestRow,
+                # which takes a fraction of a dict's memory (BENCHMARKS.md, Scale)
                 rows[row["id"]] = ManifestRow(**row) if row.keys() == ROW_FIELD_SET else row
                 if whole:
                     rows.written[row["id"]] = line
