@@ -24,6 +24,7 @@ runs outside the shapes it was proven on.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -232,6 +233,9 @@ def launch_config(configs: dict, c: int, dtype: torch.dtype) -> dict:
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps, "num_stages": stages}
 
 
+# Made once per set of widths (functools.cache): each slice of each flow
+# launches both kernels once a layer.
+@functools.cache
 def taps_cond_gate_launch(dtype: torch.dtype, c: int, win: int, phases: int, fast_tanh: bool,
                           out_stride: int) -> Launch:
     """``taps_cond_gate``'s launch over C channels, a WIN-wide window and
@@ -245,6 +249,7 @@ def taps_cond_gate_launch(dtype: torch.dtype, c: int, win: int, phases: int, fas
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
+@functools.cache
 def residual_launch(dtype: torch.dtype, c: int, a_stride: int) -> Launch:
     """``residual_update``'s launch over C channels in ``dtype``, the
     activations of this row stride."""
