@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tts_cli import audio
-from tts_cli.manifest import (STATUSES, ManifestRow, as_written, read_manifest, read_manifest_as_written, summarize,
+from tts_cli.manifest import (STATUSES, ManifestRow, as_written, manifest_as_written, read_manifest, summarize,
                               write_manifest)
 
 
@@ -371,7 +371,7 @@ def test_a_row_read_back_is_written_as_it_was_and_a_changed_one_is_not(tmp_path)
     path = tmp_path / "manifest.jsonl"
     rows = sample_rows()
     write_manifest(path, rows)
-    read = read_manifest_as_written(path)
+    read = list(manifest_as_written(path))
     assert [line for _, line in read] == path.read_text(encoding="utf-8").splitlines()
     for row, (record, _) in zip(rows, read, strict=True):
         assert as_written(row, record)

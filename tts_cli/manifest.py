@@ -13,9 +13,8 @@ import dataclasses
 import functools
 import itertools
 import json
-import operator
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +105,12 @@ class ManifestRow:
 
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(ManifestRow))
 ROW_FIELD_SET = frozenset(_FIELD_NAMES)
-_row_values, _record_values = operator.attrgetter(*_FIELD_NAMES), operator.itemgetter(*_FIELD_NAMES)
+
+
+def row_fields(row: ManifestRow | Mapping[str, Any]) -> Callable[[str], Any]:
+    """``field(name)``: a field of ``row``, a ManifestRow or a row as read
+    from a manifest (a mapping; None for a key it does not have)."""
+    return functools.partial(getattr, row) if isinstance(row, ManifestRow) else row.get
 
 
 def row_without_audio(u: Utterance, normalized: str, status: str, reason: str | None,
@@ -153,17 +157,13 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
     Blank lines are skipped. A row that is not a JSON object with the manifest
     keys and a known status raises ValueError naming ``path:line``.
     """
-    return [row for row, _ in read_manifest_as_written(path)]
-
-
-def read_manifest_as_written(path: str | os.PathLike) -> list[tuple[dict[str, Any], str]]:
-    """``read_manifest``'s rows, each with its line as the file holds it."""
-    return list(manifest_as_written(path))
+    return [row for row, _ in manifest_as_written(path)]
 
 
 def manifest_as_written(path: str | os.PathLike) -> Iterator[tuple[dict[str, Any], str]]:
-    """``read_manifest_as_written`` a row at a time, so that a long
-    manifest is never held whole, as bytes or as dicts."""
+    """``read_manifest``'s rows, each with its line as the file holds it,
+    one at a time, so that a long manifest is never held whole, as bytes or
+    as dicts."""
     name = os.fspath(path)
     # A binary file's lines end at '\n' only, as write_manifest ends rows.
     with open(path, "rb") as manifest_file:
@@ -177,7 +177,7 @@ def as_written(row: ManifestRow, record: ManifestRow | dict[str, Any]) -> bool:
     nothing else, the same): its line as written serializes it."""
     if isinstance(record, ManifestRow):
         return row is record or row == record
-    return record.keys() == ROW_FIELD_SET and _row_values(row) == _record_values(record)
+    return record.keys() == ROW_FIELD_SET and row == ManifestRow(**record)
 
 
 def plural(n: int, noun: str) -> str:
@@ -195,7 +195,7 @@ def summarize(rows: Iterable[ManifestRow | Mapping[str, Any]]) -> dict[str, Any]
     audio_seconds = 0.0
     clipped_samples = 0
     for row in rows:
-        get = functools.partial(getattr, row) if isinstance(row, ManifestRow) else row.get
+        get = row_fields(row)
         status = get("status")
         if status not in counts:
             raise ValueError(

@@ -269,8 +269,7 @@ def _windows(first: Share, reader: WindowReader, batch_size: int, device: str, m
     yield first
     for rows, pending in reader:
         manifest.rows.update(rows)
-        share, _ = together.share(batch_plan(pending, batch_size, SHORTEST_FIRST[device]), pending, manifest,
-                                  checkpoint)
+        share, _ = _my_share(pending, manifest, batch_size, device, together, checkpoint)
         first.lines.extend(p for p in share.lines if p in share.shared)
         first.shared |= share.shared
         del pending
@@ -290,10 +289,12 @@ def _batch_size(settings: Settings, identity: dict) -> int:
 
 
 def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size: int, device: str,
-              coordinator: Alone | Together) -> tuple[Share, ManifestJournal]:
-    """This process's share of the plan and where it saves its rows (coordination.py)."""
+              coordinator: Alone | Together, journal: ManifestJournal | None = None) -> tuple[Share, ManifestJournal]:
+    """This process's share of the plan (or of a later window of it:
+    ``journal``, the one the first share gave) and where it saves its rows
+    (coordination.py)."""
     return coordinator.share(batch_plan(pending, batch_size, shortest_first=SHORTEST_FIRST[device]), pending,
-                             manifest)
+                             manifest, journal)
 
 
 def _prepare_output(out_dir: Path, settings: Settings, remove_temp_files: bool = True) -> None:

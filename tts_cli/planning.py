@@ -93,27 +93,30 @@ def plan_lines(utterances: list[Utterance], settings: Settings, seed: int, ident
                 to_read.append((u, old, text_key))
                 continue
             plan.rows[u.line] = kept
-            if u.id in previous.written and as_written(kept, old):
-                plan.written[u.line] = previous.written[u.id]
+            _note_as_written(plan, u, old, previous)
         fresh = [(u, text_key) for u, old, text_key in to_read if old is None]
         if len(fresh) > READ_WINDOW:
             plan.unread = [fresh[i:i + READ_WINDOW] for i in range(0, len(fresh), READ_WINDOW)]
             to_read = [entry for entry in to_read if entry[1] is not None]
         del fresh
         for u, old, text_key in to_read:
-            p = prepare_line(u, seed, plan.rows, settings)
-            if p is None:   # its row is made
-                row = plan.rows[u.line]
-            else:
-                p.key, p.text_key = resume.line_key(p.pieces, u.id, seed, identity, settings.piece_pause), text_key
+            p = _read_line(u, text_key, seed, identity, plan.rows, settings)
+            if p is not None:
                 kept = resume.reusable_row(old, p.key, u, out_dir, settings)
                 if kept is None:
                     plan.pending.append(p)
                     continue
-                row = plan.rows[u.line] = replace(kept, text_key=text_key)
-            if old is not None and u.id in previous.written and as_written(row, old):
-                plan.written[u.line] = previous.written[u.id]
+                plan.rows[u.line] = replace(kept, text_key=text_key)
+            if old is not None:   # kept, or a row made again without audio
+                _note_as_written(plan, u, old, previous)
     return plan
+
+
+def _note_as_written(plan: Plan, u: Utterance, old: ManifestRow | dict, previous: resume.EarlierRows) -> None:
+    """Where ``u``'s row in the plan is the earlier row ``old`` as the
+    manifest holds it, its line there, for the journal to write as it is."""
+    if u.id in previous.written and as_written(plan.rows[u.line], old):
+        plan.written[u.line] = previous.written[u.id]
 
 
 def read_window(window: list[tuple[Utterance, str]], settings: Settings, seed: int,
@@ -123,11 +126,20 @@ def read_window(window: list[tuple[Utterance, str]], settings: Settings, seed: i
     rows, pending = {}, []
     with collector_paused():
         for u, text_key in window:
-            p = prepare_line(u, seed, rows, settings)
+            p = _read_line(u, text_key, seed, identity, rows, settings)
             if p is not None:
-                p.key, p.text_key = resume.line_key(p.pieces, u.id, seed, identity, settings.piece_pause), text_key
                 pending.append(p)
     return rows, pending
+
+
+def _read_line(u: Utterance, text_key: str, seed: int, identity: dict, rows: dict[int, ManifestRow],
+               settings: Settings) -> PendingLine | None:
+    """``prepare_line`` with the line's resume and text keys; None (its row
+    in ``rows``) for a line that cannot be synthesized."""
+    p = prepare_line(u, seed, rows, settings)
+    if p is not None:
+        p.key, p.text_key = resume.line_key(p.pieces, u.id, seed, identity, settings.piece_pause), text_key
+    return p
 
 
 class WindowReader:

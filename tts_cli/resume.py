@@ -29,7 +29,7 @@ from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
 from tts_cli.formats import names_a_place_for
-from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, ManifestRow, manifest_as_written
+from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, ManifestRow, manifest_as_written, row_fields
 from tts_cli.tarshards import key_of, member_size
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def run_seed(settings: Settings, previous: dict[str, dict]) -> tuple[int, str]:
     re-run continues the same job; else a fresh random one."""
     if settings.seed is not None:
         return settings.seed, "given"
-    recorded = next((seed for seed in map(functools.partial(_get, name="seed"), previous.values())
+    recorded = next((seed for seed in (row_fields(row)("seed") for row in previous.values())
                      if isinstance(seed, int)), None)
     if recorded is not None:
         return recorded, "from the existing manifest"
@@ -172,9 +172,12 @@ def kept_as_read(old: ManifestRow | dict | None, text_key_now: str, u: Utterance
     """The earlier row, to keep, when it was made from the same text under
     the same context (its text key is ``text_key_now``) and its files are
     whole (``reusable_row`` with the row's own key); else None."""
-    if old is None or _get(old, "text_key") != text_key_now or not isinstance(_get(old, "key"), str):
+    if old is None:
         return None
-    return reusable_row(old, _get(old, "key"), u, out_dir, settings)
+    field = row_fields(old)
+    if field("text_key") != text_key_now or not isinstance(field("key"), str):
+        return None
+    return reusable_row(old, field("key"), u, out_dir, settings)
 
 
 def reusable_row(old: ManifestRow | dict | None, key: str, u: Utterance, out_dir: Path,
@@ -194,7 +197,7 @@ def reusable_row(old: ManifestRow | dict | None, key: str, u: Utterance, out_dir
     """
     if old is None:
         return None
-    field = functools.partial(getattr, old) if isinstance(old, ManifestRow) else old.get
+    field = row_fields(old)
     if field("key") != key or field("status") not in REUSABLE:
         return None
     wav, mel = field("audio_filepath"), field("mel_filepath")
@@ -224,11 +227,6 @@ def reusable_row(old: ManifestRow | dict | None, key: str, u: Utterance, out_dir
         return dataclasses.replace(old, line=u.line, text=u.text, mel_filepath=mel)
     return ManifestRow(**{k: v for k, v in old.items() if k in _ROW_FIELDS}, line=u.line, text=u.text, mel_filepath=mel)
 
-
-def _get(old: ManifestRow | dict, name: str):
-    """A field of an earlier row: read back whole (a ManifestRow), or a
-    record with fields of its own (a dict, from another version)."""
-    return getattr(old, name, None) if isinstance(old, ManifestRow) else old.get(name)
 
 
 def _whole_audio(path: str, samples: int, duration: float, size: int | None) -> bool:
