@@ -115,12 +115,12 @@ def _flow_weights(model: WaveGlow, k: int, dtype: torch.dtype, channels: int, wi
     )
 
 
-def kernel_widths(dims: WaveGlowDims) -> tuple[int, int]:
-    """The channel count and window width the kernels run a WaveGlow of
-    these dimensions at: the model's, padded to CHANNELS_MULTIPLE."""
+def kernel_widths(dims: WaveGlowDims, multiple: int = wg_kernels.CHANNELS_MULTIPLE) -> tuple[int, int]:
+    """The channel count and window width FastWaveGlow runs a WaveGlow of
+    these dimensions at: the model's, padded to ``multiple`` (the kernels'
+    CHANNELS_MULTIPLE; 1 for plain torch)."""
     window = (dims.upsample_kernel // dims.hop_length) * dims.n_mel
-    return (wg_kernels.round_up(dims.wn_channels, wg_kernels.CHANNELS_MULTIPLE),
-            wg_kernels.round_up(window, wg_kernels.CHANNELS_MULTIPLE))
+    return wg_kernels.round_up(dims.wn_channels, multiple), wg_kernels.round_up(window, multiple)
 
 
 def kernel_launches(dims: WaveGlowDims, dtype: torch.dtype) -> dict[str, Launch]:
@@ -186,8 +186,7 @@ class FastWaveGlow:
         self.use_kernels = use_kernels
         d = model.dims
         # the kernels' width: the model's channels and window, padded
-        self.channels, self.window = (kernel_widths(d) if self.use_kernels
-                                      else (d.wn_channels, (d.upsample_kernel // d.hop_length) * d.n_mel))
+        self.channels, self.window = kernel_widths(d, wg_kernels.CHANNELS_MULTIPLE if self.use_kernels else 1)
         self.dims = d
         self.dtype = dtype
         self.flows = [_flow_weights(model, k, dtype, self.channels, self.window) for k in range(d.n_flows)]
