@@ -115,7 +115,7 @@ def child(corpus: Path, out: Path) -> None:
     print(json.dumps({"plan_seconds": planned[0] if planned else None,
                       "seconds": time.perf_counter() - STARTED,
                       "synthesis_seconds": summary.wall_seconds, "made": summary.made,
-                      "reused": summary.reused, "lines": len(summary.rows),
+                      "reused": summary.reused, "lines": summary.lines,
                       "torch_imported": "torch" in sys.modules,
                       "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}))
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tts_cli import audio
-from tts_cli.manifest import (STATUSES, ManifestRow, as_written, manifest_as_written, read_manifest, summarize,
-                              write_manifest)
+from tts_cli.manifest import (STATUSES, ManifestRow, as_written, manifest_rows_at, read_manifest,
+                              row_without_audio, write_manifest)
 
 
 def make_row(**overrides) -> ManifestRow:
@@ -122,8 +122,8 @@ def test_manifest_file_is_utf8_under_any_locale(tmp_path):
     import sys
     rows = sample_rows()
     write_manifest(tmp_path / "here.jsonl", rows)
-    code = ("import sys; from tts_cli.manifest import write_manifest_lines; "
-            "write_manifest_lines(sys.argv[1], sys.stdin.read().splitlines())")
+    code = ("import json, sys; from tts_cli.manifest import ManifestRow, write_manifest; "
+            "write_manifest(sys.argv[1], [ManifestRow(**json.loads(line)) for line in sys.stdin.read().splitlines()])")
     env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONIOENCODING": "utf-8"}
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c-locale.jsonl")], env=env,
                           input="\n".join(row.to_json() for row in rows), capture_output=True, text=True,
@@ -219,36 +219,45 @@ def test_blank_lines_are_skipped_but_line_numbers_stay_physical(tmp_path):
 
 # --- summary ---------------------------------------------------------------------------------------
 
-def test_summarize_counts_every_status_and_totals_audio_and_clipping():
-    assert summarize(sample_rows()) == {
-        "rows": 4,
-        "counts": {"ok": 1, "suspect": 0, "truncated": 1, "skipped": 1, "error": 1, "pending": 0},
-        "audio_seconds": 11.5,
-        "clipped_samples": 7,
-    }
+def _journal_of(tmp_path, rows, taken=True):
+    """A journal over ``rows``' lines, with the rows taken in (or not yet)."""
+    from tts_cli.corpus import Utterance
+    from tts_cli.journal import ManifestJournal
+    utterances = [Utterance(line=row.line, id=row.id, text=row.text) for row in rows]
+    return ManifestJournal(tmp_path / "manifest.jsonl", utterances, {row.line: row for row in rows if taken}, seed=3)
 
 
-def test_summarize_of_nothing_still_has_all_status_keys():
-    assert summarize([]) == {
-        "rows": 0, "counts": {"ok": 0, "suspect": 0, "truncated": 0, "skipped": 0, "error": 0, "pending": 0},
-        "audio_seconds": 0.0, "clipped_samples": 0,
-    }
+def test_the_summary_counts_every_status_and_totals_audio_clipping_and_failures(tmp_path):
+    journal = _journal_of(tmp_path, sample_rows())
+    assert journal.counts() == {"ok": 1, "suspect": 0, "truncated": 1, "skipped": 1, "error": 1, "pending": 0}
+    assert (journal.audio_seconds(), sum(journal.clipped)) == (11.5, 7)
+    assert journal.lines_of(journal.failed) == {4: "CUDA out of memory"}
+    # the files the rows name, for the orphans' report
+    assert "wavs/LJ001-0002.wav" in journal.named and "mels/LJ001-0002.npy" in journal.named
+    assert "wavs/LJ001-0004.wav" not in journal.named
 
 
-def test_summarize_gives_the_same_answer_from_a_manifest_read_back(tmp_path):
-    path = tmp_path / "manifest.jsonl"
+def test_the_summary_of_nothing_still_has_all_status_keys(tmp_path):
+    journal = _journal_of(tmp_path, [])
+    assert journal.counts() == {"ok": 0, "suspect": 0, "truncated": 0, "skipped": 0, "error": 0, "pending": 0}
+    assert journal.audio_seconds() == 0.0 and journal.complete
+
+
+def test_rows_read_from_another_process_s_partial_manifest_count_and_are_written_as_they_are(tmp_path):
     rows = sample_rows()
-    write_manifest(path, rows)
-    assert summarize(read_manifest(path)) == summarize(rows)
+    write_manifest(tmp_path / "manifest.rank-1-of-2.jsonl", rows)
+    journal = _journal_of(tmp_path, rows, taken=False)
+    assert journal.counts()["pending"] == 4 and not journal.complete
+    journal.adopt(tmp_path / "manifest.rank-1-of-2.jsonl")
+    assert journal.complete and journal.counts() == _journal_of(tmp_path, rows).counts()
+    journal.save(final=True)
+    assert (tmp_path / "manifest.jsonl").read_bytes() == (tmp_path / "manifest.rank-1-of-2.jsonl").read_bytes()
 
 
-def test_summarize_rejects_a_row_with_an_unknown_status():
-    with pytest.raises(ValueError, match="unknown status 'done'"):
-        summarize([{"id": "x", "status": "done", "duration": 1.0}])
-    with pytest.raises(ValueError) as error:
-        summarize([make_row(), {"id": "LJ001-0002", "status": "failed"}])
-    assert str(error.value) == ("unknown status 'failed' for id 'LJ001-0002'; "
-                                "expected one of: ok, suspect, truncated, skipped, error, pending")
+def test_a_line_whose_audio_leaves_characters_unsaid_is_counted_with_what_it_left_out(tmp_path):
+    rows = [make_row(dropped="%"), make_row(id="b", line=2, text="Привет", dropped=None),
+            make_row(id="c", line=3, text="Привет", audio_filepath=None, status="error", reason="x")]
+    assert _journal_of(tmp_path, rows).lines_of(_journal_of(tmp_path, rows).unsaid) == {1: "%", 2: "Привет"}
 
 
 def test_reports_count_one_thing_in_the_singular_and_thousands_with_commas():
@@ -256,9 +265,9 @@ def test_reports_count_one_thing_in_the_singular_and_thousands_with_commas():
     assert [plural(n, "line") for n in (0, 1, 2, 1000)] == ["0 lines", "1 line", "2 lines", "1,000 lines"]
 
 
-def test_summarize_totals_audio_to_the_microsecond():
-    rows = [make_row(duration=1 / 3), make_row(duration=1 / 3)]
-    assert summarize(rows)["audio_seconds"] == 0.666667
+def test_the_summary_totals_audio_to_the_microsecond(tmp_path):
+    rows = [make_row(duration=1 / 3), make_row(id="b", line=2, duration=1 / 3)]
+    assert _journal_of(tmp_path, rows).audio_seconds() == 0.666667
 
 
 # --- the run's manifest checkpoint ------------------------------------------------------------
@@ -280,10 +289,10 @@ def test_rewriting_the_manifest_serializes_each_row_once(tmp_path, monkeypatch):
     monkeypatch.setattr(ManifestRow, "to_json", lambda row: calls.append(row.line) or real(row))
     checkpoint.save(final=True)
     assert sorted(calls) == list(range(1, 51))
-    done = dataclasses.replace(checkpoint.ordered()[4], status="ok", reason=None,
+    done = dataclasses.replace(ManifestRow(**read_manifest(checkpoint.path)[4]), status="ok", reason=None,
                                audio_filepath="wavs/u5.wav", duration=1.0, num_samples=22050)
-    checkpoint.rows[5] = done
     calls.clear()
+    checkpoint.record(done)
     checkpoint.save(final=True)
     assert calls == [5], "only the row that changed is serialized again"
     assert [r["status"] for r in read_manifest(checkpoint.path)].count("ok") == 1
@@ -315,9 +324,10 @@ def test_a_stopped_run_counts_the_lines_made_or_skipped_among_those_it_keeps(tmp
     # what "stopped after N of M lines" says after Ctrl-C (a torchrun process: of its own lines)
     from tts_cli.journal import ManifestJournal
     checkpoint, utterances = _checkpoint(tmp_path, 5)
-    made = dataclasses.replace(checkpoint.ordered()[0], status="ok", reason=None, audio_filepath="wavs/u1.wav")
-    skipped = dataclasses.replace(checkpoint.ordered()[2], status="skipped", reason="empty line")
-    failed = dataclasses.replace(checkpoint.ordered()[3], reason="CUDA out of memory")
+    made = row_without_audio(utterances[0], "line 1", "ok", None, 3)
+    made.audio_filepath = "wavs/u1.wav"
+    skipped = row_without_audio(utterances[2], "", "skipped", "empty line", 3)
+    failed = row_without_audio(utterances[3], "line 4", "error", "CUDA out of memory", 3)
     rows = {1: made, 3: skipped, 4: failed}
     assert ManifestJournal(checkpoint.path, utterances, rows, seed=3).progress() == (2, 5)
     assert ManifestJournal(checkpoint.path, utterances, rows, seed=3, only={1, 2, 4}).progress() == (1, 3)
@@ -326,7 +336,7 @@ def test_a_stopped_run_counts_the_lines_made_or_skipped_among_those_it_keeps(tmp
 def test_a_torchrun_process_saves_only_the_finished_rows_of_its_own_lines(tmp_path):
     from tts_cli.journal import ManifestJournal
     checkpoint, utterances = _checkpoint(tmp_path, 4)
-    done = {n: dataclasses.replace(checkpoint.ordered()[n - 1], status="ok", reason=None,
+    done = {n: dataclasses.replace(row_without_audio(utterances[n - 1], "", "ok", None, 3),
                                    audio_filepath=f"wavs/u{n}.wav") for n in (1, 2, 4)}
     partial = ManifestJournal(tmp_path / "manifest.rank-0-of-2.jsonl", utterances, done, seed=3, only={1, 3, 4})
     partial.save(final=True)
@@ -346,9 +356,10 @@ def test_the_manifest_is_rewritten_once_the_checkpoint_interval_has_passed(tmp_p
 
 
 def test_a_line_not_made_yet_is_a_pending_row_saying_how_to_finish_with_its_text_so_far(tmp_path):
-    checkpoint, _ = _checkpoint(tmp_path, 3)
-    checkpoint.pending_said[2] = "line two", "%"
-    rows = checkpoint.ordered()
+    checkpoint, utterances = _checkpoint(tmp_path, 3)
+    checkpoint.expect([(utterances[1], "line two", "%")])
+    checkpoint.save(final=True)
+    rows = [ManifestRow(**row) for row in read_manifest(checkpoint.path)]
     assert [row.normalized_text for row in rows] == ["", "line two", ""]
     assert [row.dropped for row in rows] == [None, "%", None], "a pending row names what its line left unsaid"
     assert {(row.status, row.reason, row.seed, row.audio_filepath) for row in rows} == {
@@ -371,11 +382,34 @@ def test_a_row_read_back_is_written_as_it_was_and_a_changed_one_is_not(tmp_path)
     path = tmp_path / "manifest.jsonl"
     rows = sample_rows()
     write_manifest(path, rows)
-    read = list(manifest_as_written(path))
-    assert [line for _, line in read] == path.read_text(encoding="utf-8").splitlines()
+    read = list(manifest_rows_at(path))
+    data = path.read_bytes()
+    assert [data[start:start + length] for _, (start, length) in read] == data.split(b"\n")[:-1]
     for row, (record, _) in zip(rows, read, strict=True):
         assert as_written(row, record)
         assert not as_written(dataclasses.replace(row, line=row.line + 1), record)
         assert not as_written(dataclasses.replace(row, text_key="0" * 32), record)
         assert not as_written(row, {**record, "speaker": "x"})
         assert not as_written(row, {k: v for k, v in record.items() if k != "text_key"})
+
+
+def test_kept_rows_are_copied_from_the_earlier_manifest_through_every_rewrite_and_no_spool_is_left(tmp_path):
+    # A re-run holds no row's JSON in memory: a kept row's line is read from
+    # the manifest the earlier run left (a CRLF one too, written back with
+    # '\n'), and still after the run's own rewrites have replaced that file.
+    from tts_cli.corpus import Utterance
+    from tts_cli.journal import ManifestJournal
+    rows = sample_rows()
+    path = tmp_path / "manifest.jsonl"
+    path.write_bytes(b"".join(row.to_json().encode() + b"\r\n" for row in rows))
+    utterances = [Utterance(line=row.line, id=row.id, text=row.text) for row in rows]
+    kept = {record["line"]: where for record, where in manifest_rows_at(path) if record["line"] != 2}
+    journal = ManifestJournal(path, utterances, {row.line: row for row in rows if row.line != 2}, seed=3,
+                              written=kept)
+    journal.save(final=True)
+    assert read_manifest(path)[1]["status"] == "pending"
+    journal.record(rows[1])
+    journal.save(final=True)
+    journal.close()
+    assert path.read_bytes() == b"".join(row.to_json().encode() + b"\n" for row in rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.jsonl"]

@@ -129,6 +129,7 @@ def test_a_rerun_with_nothing_to_do_leaves_the_manifest_as_it_is_and_one_with_wo
     original = journal.write_manifest_lines
 
     def recording(path, lines):
+        lines = list(lines)   # the journal's lines come one at a time
         written.append([json.loads(line)["status"] for line in lines])
         return original(path, lines)
     monkeypatch.setattr(journal, "write_manifest_lines", recording)

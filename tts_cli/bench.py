@@ -196,7 +196,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         dataset = _dataset_output_cost(settings, corpus, Path(tmp), engine,
                                        checks["audio_seconds_per_second_checked_again"])
         echo("bench: measuring the stages")
-        made = len(summary.rows) - summary.counts["skipped"] - summary.counts["error"] - summary.counts["pending"]
+        made = summary.lines - summary.counts["skipped"] - summary.counts["error"] - summary.counts["pending"]
         window = _first_lines(b.corpus, min(4 * b.batch_size, made or 1), Path(tmp) / "w.txt")
         busy = gpu_busy(lambda: _corpus_run(replace(settings, force=True), window, Path(tmp) / "busy", engine),
                         device)
@@ -221,7 +221,7 @@ def run_bench(b: BenchSettings, echo=print) -> dict:
         "matmul_ceiling_tflops": ceiling,
         "waveglow_fraction_of_ceiling": wg_tflops / ceiling,
         "end_to_end_share_of_waveglow_alone": summary.speed / waveglow_alone,
-        "baseline_lines": len(baseline.rows),
+        "baseline_lines": baseline.lines,
         "baseline_audio_seconds_per_second": baseline.speed,
         "speedup_over_baseline": summary.speed / baseline.speed if baseline.speed else float("nan"),
         "waveglow_fast_snr_db_demo_voice": fidelity.fast if fidelity else float("nan"),
@@ -366,7 +366,7 @@ def end_to_end_result(b: BenchSettings, device: torch.device, settings: Settings
     return {
         "device": _device_name(device),
         "torch": torch.__version__, "precision": settings.precision, "corpus": str(b.corpus),
-        "lines": len(summary.rows), "batch_size": b.batch_size,
+        "lines": summary.lines, "batch_size": b.batch_size,
         "audio_seconds": summary.audio_seconds, "wall_seconds": summary.wall_seconds,
         "audio_seconds_per_second": summary.speed,
         "processes": summary.processes,

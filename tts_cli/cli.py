@@ -309,28 +309,23 @@ def _common_failure(summary) -> str | None:
     """One line when most lines failed for one reason (a wrong --format, an
     encoding): the reason, which names the fix, is otherwise only in the
     manifest's rows."""
-    reasons = collections.Counter(row.reason for row in summary.rows if row.status == "error")
+    reasons = collections.Counter(summary.failed.values())
     if not reasons:
         return None
     reason, n = reasons.most_common(1)[0]
-    if n < 2 or 2 * n <= len(summary.rows):
+    if n < 2 or 2 * n <= summary.lines:
         return None
-    return f"{n} of {len(summary.rows)} lines failed for one reason: {reason}"
+    return f"{n} of {summary.lines} lines failed for one reason: {reason}"
 
 
 def _unsaid(summary) -> str | None:
     """One line for the lines whose audio leaves out what their text says
     (characters the voice cannot say, letters of another script): they are
     suspect, and a dataset made from the output must hear of them."""
-    from tts_cli.text import foreign_letters, words_lost
-
-    unsaid = [(row.line, words_lost(row.dropped or "") or foreign_letters(row.text))
-              for row in summary.rows if row.audio_filepath]
-    unsaid = [(line, what) for line, what in unsaid if what]
-    if not unsaid:
+    if not summary.unsaid:
         return None
-    line, what = unsaid[0]
-    return (f"{plural(len(unsaid), 'line')} with characters the voice cannot say (line {line}: {what[:12]!r}), "
+    line, what = next(iter(summary.unsaid.items()))
+    return (f"{plural(len(summary.unsaid), 'line')} with characters the voice cannot say (line {line}: {what[:12]!r}), "
             "marked suspect: the manifest's reasons name them")
 
 
@@ -347,7 +342,7 @@ def _notices(quiet: bool):
 
 def _summary_lines(summary, out_dir: Path) -> str:
     manifest = out_dir / "manifest.jsonl"
-    if not summary.rows:
+    if not summary.lines:
         return f"the corpus has no lines: nothing to do; manifest: {manifest}"
     seed = f"seed {summary.seed}" + (f" ({summary.seed_source})" if summary.seed_source != "given" else "")
     if summary.made == 0:
@@ -365,7 +360,7 @@ def _summary_lines(summary, out_dir: Path) -> str:
 def _counts(summary) -> str:
     """``5 lines: 4 ok, 1 skipped``."""
     by_status = ", ".join(f"{n:,} {status}" for status, n in summary.counts.items() if n)
-    return f"{plural(len(summary.rows), 'line')}: {by_status}"
+    return f"{plural(summary.lines, 'line')}: {by_status}"
 
 
 def _per_process(summary) -> str:

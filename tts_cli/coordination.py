@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from tts_cli.errors import FatalError, OutputError, cannot_write
 from tts_cli.journal import ManifestJournal
 from tts_cli.planning import PendingLine
+from tts_cli.manifest import partial_manifest_name
 from tts_cli.resume import partial_manifests
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class Together:
             journal.only.update(p.utterance.line for p in mine)
             return share, journal
         partial = ManifestJournal(manifest.path.parent / self.group.partial_manifest, manifest.utterances,
-                                  manifest.rows, manifest.seed, only={p.utterance.line for p in mine})
+                                  {}, manifest.seed, only={p.utterance.line for p in mine})
         return share, partial
 
     def take_over(self, manifest: ManifestJournal) -> None:
@@ -143,7 +144,7 @@ class Together:
                 continue
             p.results = [writer.read_piece(p, i) for i in range(len(p.pieces))]
             try:
-                mine.rows[p.utterance.line] = writer.write(p)
+                mine.record(writer.write(p))
             except OSError as e:
                 failure = e
                 break
@@ -155,14 +156,20 @@ class Together:
             raise OutputError(cannot_write(writer.out_dir, failure))
 
     def _merge(self, manifest: ManifestJournal, mine: ManifestJournal) -> None:
-        """Every rank's rows go to rank 0, which writes the one manifest, in
-        corpus order, and removes the partial manifests it no longer needs."""
-        made = [mine.rows[line] for line in sorted(mine.only) if line in mine.rows]
-        shares = self._together(self.distributed.gather_to_first, self.group, made, saved=mine.path)
+        """Once every rank has saved its partial manifest, rank 0 reads their
+        rows into the one manifest, in corpus order, and removes the partial
+        manifests it no longer needs (the output folder is shared: README,
+        Scale)."""
+        self._together(self.distributed.barrier, saved=mine.path)
         if self.group.rank != 0:
             return
-        for rows in shares:
-            manifest.rows.update((row.line, row) for row in rows)
+        for rank in range(self.group.world):
+            path = manifest.path.parent / partial_manifest_name(rank, self.group.world)
+            try:
+                manifest.adopt(path)
+            except OSError as e:
+                raise FatalError(f"{self.group}: cannot read {path} ({e.strerror or e}), which the others saved; "
+                                 "run the same command again to finish") from None
         manifest.save(final=True)
         _remove_partial_manifests(manifest.path.parent)
         with contextlib.suppress(OSError):   # gone already, or pieces of lines that failed

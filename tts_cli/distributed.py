@@ -23,7 +23,7 @@ import torch.distributed as dist
 # Each process keeps its own rows, crash-safe, in a file named by
 # PARTIAL_MANIFESTS until rank 0 merges them into manifest.jsonl; a later run
 # of any size reads the ones a stopped run left behind.
-from tts_cli.manifest import PARTIAL_MANIFESTS
+from tts_cli.manifest import partial_manifest_name
 
 # How long a process waits for the others at the end. The shares are balanced,
 # so the wait is normally short; it runs out only when another process (or
@@ -45,7 +45,7 @@ class Group:
 
     @property
     def partial_manifest(self) -> str:
-        return PARTIAL_MANIFESTS.replace("*", str(self.rank), 1).replace("*", str(self.world), 1)
+        return partial_manifest_name(self.rank, self.world)
 
     def __str__(self) -> str:
         return f"rank {self.rank} of {self.world}"

@@ -26,6 +26,11 @@ STATUSES = ("ok", "suspect", "truncated", "skipped", "error", "pending")
 # them, resume.py reads those that a job stopped before merging left behind.
 PARTIAL_MANIFESTS = "manifest.rank-*-of-*.jsonl"
 
+
+def partial_manifest_name(rank: int, world: int) -> str:
+    """The partial manifest of process ``rank`` of ``world``."""
+    return PARTIAL_MANIFESTS.replace("*", str(rank), 1).replace("*", str(world), 1)
+
 # With ensure_ascii=False these characters are written raw, and
 # str.splitlines() (used by many jsonl readers) treats them as line breaks,
 # which would split one row in two. json.dumps already escapes C0 controls.
@@ -135,20 +140,20 @@ def write_manifest(path: str | os.PathLike, rows: Iterable[ManifestRow]) -> None
     Readers (and a resumed run) see either the previous manifest or the new
     one in full, never a half-written file.
     """
-    write_manifest_lines(path, (row.to_json() for row in rows))
+    write_manifest_lines(path, (row.to_json().encode("utf-8") for row in rows))
 
 
-def write_manifest_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
-    """``write_manifest`` for rows already serialized by ``ManifestRow.to_json``
-    (a long run keeps them, so each rewrite only joins strings). Written a
-    few thousand rows at a time: a million rows joined at once would hold
-    the manifest twice in memory, its rows and their copy."""
+def write_manifest_lines(path: str | os.PathLike, lines: Iterable[bytes]) -> None:
+    """``write_manifest`` for rows already serialized by ``ManifestRow.to_json``,
+    as UTF-8 (the journal keeps them in files). Written a few thousand rows
+    at a time: a million rows joined at once would hold the manifest in
+    memory."""
     with atomic_write(path) as temp_path:
-        # newline="\n": the same bytes on every OS, one row per '\n'.
-        with open(temp_path, "w", encoding="utf-8", newline="\n") as manifest_file:
+        # binary: the same bytes on every OS, one row per '\n'.
+        with open(temp_path, "wb") as manifest_file:
             rows = iter(lines)
             while chunk := list(itertools.islice(rows, 4096)):
-                manifest_file.write("".join(line + "\n" for line in chunk))
+                manifest_file.write(b"\n".join(chunk) + b"\n")
 
 
 def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -157,19 +162,22 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
     Blank lines are skipped. A row that is not a JSON object with the manifest
     keys and a known status raises ValueError naming ``path:line``.
     """
-    return [row for row, _ in manifest_as_written(path)]
+    return [row for row, _ in manifest_rows_at(path)]
 
 
-def manifest_as_written(path: str | os.PathLike) -> Iterator[tuple[dict[str, Any], str]]:
-    """``read_manifest``'s rows, each with its line as the file holds it,
-    one at a time, so that a long manifest is never held whole, as bytes or
-    as dicts."""
+def manifest_rows_at(path: str | os.PathLike) -> Iterator[tuple[dict[str, Any], tuple[int, int]]]:
+    """``read_manifest``'s rows, each with where its line is in the file:
+    (first byte, length), the line ending left out. One at a time, so that
+    a long manifest is never held whole, as bytes or as dicts."""
     name = os.fspath(path)
+    start = 0
     # A binary file's lines end at '\n' only, as write_manifest ends rows.
     with open(path, "rb") as manifest_file:
         for number, raw in enumerate(manifest_file, start=1):
             if raw.strip():
-                yield _parse_row(raw.removesuffix(b"\n"), name, number)
+                row = raw.removesuffix(b"\n").removesuffix(b"\r")
+                yield _parse_row(row, name, number), (start, len(row))
+            start += len(raw)
 
 
 def as_written(row: ManifestRow, record: ManifestRow | dict[str, Any]) -> bool:
@@ -185,36 +193,9 @@ def plural(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
-def summarize(rows: Iterable[ManifestRow | Mapping[str, Any]]) -> dict[str, Any]:
-    """Totals for the end-of-run report; accepts ManifestRows or read_manifest dicts.
-
-    Returns ``{"rows": int, "counts": {status: int for every status},
-    "audio_seconds": float, "clipped_samples": int}``.
-    """
-    counts = dict.fromkeys(STATUSES, 0)
-    audio_seconds = 0.0
-    clipped_samples = 0
-    for row in rows:
-        get = row_fields(row)
-        status = get("status")
-        if status not in counts:
-            raise ValueError(
-                f"unknown status {status!r} for id {get('id')!r}; expected one of: {', '.join(STATUSES)}"
-            )
-        counts[status] += 1
-        audio_seconds += float(get("duration") or 0.0)
-        clipped_samples += int(get("clipped_samples") or 0)
-    return {
-        "rows": sum(counts.values()),
-        "counts": counts,
-        "audio_seconds": round(audio_seconds, 6),
-        "clipped_samples": clipped_samples,
-    }
-
-
-def _parse_row(raw: bytes, name: str, number: int) -> tuple[dict[str, Any], str]:
-    """Parse and check one manifest line, and give it with the line as
-    written (no newline); ValueError names ``name:number``."""
+def _parse_row(raw: bytes, name: str, number: int) -> dict[str, Any]:
+    """Parse and check one manifest line (no line ending); ValueError names
+    ``name:number``."""
     where = f"{name}:{number}"
     try:
         text = raw.decode("utf-8")
@@ -231,7 +212,7 @@ def _parse_row(raw: bytes, name: str, number: int) -> tuple[dict[str, Any], str]
         raise ValueError(f"{where}: missing keys {', '.join(missing)}; this is not a tts-batch manifest row")
     if record["status"] not in STATUSES:
         raise ValueError(f"{where}: unknown status {record['status']!r}; expected one of: {', '.join(STATUSES)}")
-    return record, text.rstrip("\r")
+    return record
 
 
 def _reject_constant(constant: str) -> Any:

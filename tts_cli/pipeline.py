@@ -12,9 +12,9 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,9 +29,9 @@ from tts_cli.devices import device_type, open_cuda_early
 from tts_cli.errors import FatalError, OutputError, OutputNotice, cannot_write
 from tts_cli.planning import PendingLine, Plan, WindowReader, batch_plan, collector_paused, plan_lines
 from tts_cli.journal import ManifestJournal
-from tts_cli.tarshards import ONE_PROCESS, SHARDS, shard_of
+from tts_cli.tarshards import ONE_PROCESS, SHARDS
 from tts_cli.writing import LineWriter
-from tts_cli.manifest import ManifestRow, plural, summarize
+from tts_cli.manifest import plural
 from tts_cli.signals import StopOnSignals
 from tts_cli.voice import ResolvedVoice, resolve_voice
 
@@ -53,7 +53,9 @@ class Interrupted(Exception):
 
 @dataclass(frozen=True)
 class RunSummary:
-    rows: list[ManifestRow]
+    """What a run did; each line's row is in the manifest (not held here:
+    a corpus of a million lines has a million)."""
+    lines: int                    # corpus lines, one manifest row each
     counts: dict[str, int]        # lines by status
     audio_seconds: float
     clipped_samples: int
@@ -67,6 +69,10 @@ class RunSummary:
     processes: int = 1            # torchrun processes that shared the work
     made: int = 0                 # lines this run set out to synthesize (the whole job's)
     retried: int = 0              # lines this run made more than one attempt at (alignment.py)
+    failed: dict[int, str] = field(default_factory=dict)   # corpus line -> reason, of the lines that failed
+    # corpus line -> what its audio leaves unsaid (characters the voice cannot
+    # say, letters of another script), of the lines with audio
+    unsaid: dict[int, str] = field(default_factory=dict)
 
     @property
     def made_seconds(self) -> float:
@@ -131,20 +137,24 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         voice, voiced = voice or resolve_voice(settings), None
     identity = resume.audio_identity(settings, voice)
     plan = plan_lines(utterances, settings, seed, identity, previous, out_dir)
-    # Only reused rows have a key before synthesis starts.
-    reused_rows = [row for row in plan.rows.values() if row.key is not None]
+    reused, reused_seconds = _reused(plan)
     to_do = len(plan.pending) + sum(len(window) for window in plan.unread)
-    notices: list[str] = [*voice.notices, _plan_line(utterances, to_do, reused_rows, voice)]
+    notices: list[str] = [*voice.notices, _plan_line(utterances, to_do, reused, voice)]
     for notice in notices:
         on_notice(notice)
     manifest = ManifestJournal(manifest_path, utterances, plan.rows, seed, written=plan.written)
     # nothing to make and every row as the manifest holds it, in its order: no need to write it again
     manifest.on_disk = (not to_do and not previous.partial and len(plan.written) == len(utterances)
                         and list(previous.written) == [u.id for u in utterances])
+    # the journal has the rows known so far, and where their lines are
+    del previous
+    plan.rows.clear()
+    plan.written.clear()
     batch_size = _batch_size(settings, identity)
     share, checkpoint = _my_share(plan.pending, manifest, batch_size, identity["device"], together)
     # the first window of lines to read is read while the models load
-    with contextlib.closing(WindowReader(plan.unread, settings, seed, identity)) as reader:
+    with contextlib.closing(manifest), contextlib.closing(checkpoint), \
+            contextlib.closing(WindowReader(plan.unread, settings, seed, identity)) as reader:
         stop = signals.stop
         started = time.perf_counter()
         # An unwritable directory fails before loading models.
@@ -177,29 +187,28 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
             finally:
                 checkpoint.save(final=True)
         together.finish(manifest, checkpoint, share, writer, signals)
-    ordered = manifest.ordered()
-    if together.removes_temp_files and signals.received is None:   # one process looks: rank 0, or alone
-        _report_orphans(out_dir, ordered, settings.prune, on_notice)
-    totals = summarize(ordered)
-    summary = RunSummary(rows=ordered, counts=totals["counts"], audio_seconds=totals["audio_seconds"],
-                         clipped_samples=totals["clipped_samples"],
-                         wall_seconds=time.perf_counter() - started, load_seconds=load_seconds,
-                         seed=seed, notices=notices, reused=len(reused_rows), seed_source=seed_source,
-                         reused_seconds=sum(row.duration for row in reused_rows),
-                         processes=together.processes, made=to_do - _skipped_later(plan, manifest),
-                         retried=_retried(ordered, reused_rows))
+        if together.removes_temp_files and signals.received is None:   # one process looks: rank 0, or alone
+            _report_orphans(out_dir, manifest.named, settings.prune, on_notice)
+        summary = RunSummary(lines=len(utterances), counts=manifest.counts(), audio_seconds=manifest.audio_seconds(),
+                             clipped_samples=sum(manifest.clipped),
+                             wall_seconds=time.perf_counter() - started, load_seconds=load_seconds,
+                             seed=seed, notices=notices, reused=reused, seed_source=seed_source,
+                             reused_seconds=reused_seconds, processes=together.processes,
+                             made=to_do - reader.without_audio, retried=manifest.retried.count(1),
+                             failed=manifest.lines_of(manifest.failed), unsaid=manifest.lines_of(manifest.unsaid))
+        progress = checkpoint.progress()
     if signals.received is not None:
-        raise Interrupted(signals.received, summary, checkpoint.path, *checkpoint.progress())
+        raise Interrupted(signals.received, summary, checkpoint.path, *progress)
     return summary
 
 
-def orphans(out_dir: Path, rows: list[ManifestRow]) -> list[Path]:
+def orphans(out_dir: Path, named: Container[str]) -> list[Path]:
     """Audio and mel files in the output's wavs/ and mels/ and their shard
-    folders (the names and kinds this tool writes) that no row names: left
-    by an earlier corpus, or by a line in another audio format. Compared as
-    paths relative to ``out_dir``, from the folders' listings (no stat per
-    file where the file system says what each entry is)."""
-    named = {shard_of(name) or name for row in rows for name in (row.audio_filepath, row.mel_filepath) if name}
+    folders (the names and kinds this tool writes) that no row names
+    (``named``: the rows' file names, and their shards', relative to
+    ``out_dir``): left by an earlier corpus, or by a line in another audio
+    format. From the folders' listings (no stat per file where the file
+    system says what each entry is)."""
     found = [f"{where}/{name}"
              for kind, suffixes in (("wavs", (".wav", ".flac")), ("mels", (".npy",)))
              for folder in _folders_of(out_dir / kind) for where in [folder.relative_to(out_dir).as_posix()]
@@ -225,8 +234,8 @@ def _folders_of(kind: Path) -> list[Path]:
     return [kind, *sorted(path for path in kind.iterdir() if is_shard_folder(path.name) and path.is_dir())]
 
 
-def _report_orphans(out_dir: Path, rows: list[ManifestRow], prune: bool, on_notice) -> None:
-    left = orphans(out_dir, rows)
+def _report_orphans(out_dir: Path, named: Container[str], prune: bool, on_notice) -> None:
+    left = orphans(out_dir, named)
     if not left:
         return
     if prune:
@@ -243,20 +252,23 @@ def _report_orphans(out_dir: Path, rows: list[ManifestRow], prune: bool, on_noti
                                f"names (left by an earlier corpus, e.g. {left[0].name}); --prune removes them"))
 
 
-def _retried(rows: list[ManifestRow], reused: list[ManifestRow]) -> int:
-    """Lines this run made more than one attempt at."""
-    earlier = {row.line for row in reused}
-    return sum(1 for row in rows if row.line not in earlier and row.alignment
-               and row.alignment["attempts"] > (len(row.alignment.get("pieces", ())) or 1))
+def _reused(plan: Plan) -> tuple[int, float]:
+    """The lines an earlier run made that this one keeps, and their audio
+    seconds: only their rows have a key before synthesis starts."""
+    lines, seconds = 0, 0.0
+    for row in plan.rows.values():
+        if row.key is not None:
+            lines, seconds = lines + 1, seconds + row.duration
+    return lines, seconds
 
 
-def _plan_line(utterances: list[Utterance], to_do: int, reused: list[ManifestRow], voice: ResolvedVoice) -> str:
+def _plan_line(utterances: list[Utterance], to_do: int, reused: int, voice: ResolvedVoice) -> str:
     """The run's first line: what it will do, with which voice, where. In a
     corpus read a window at a time (planning.READ_WINDOW), a line of a later
     window counts as to do until its window is read."""
-    without = len(utterances) - to_do - len(reused)
+    without = len(utterances) - to_do - reused
     others = f", {without:,} without audio (skipped or unreadable)" if without else ""
-    return (f"{plural(len(utterances), 'line')}: {to_do:,} to do, {len(reused):,} reused from an "
+    return (f"{plural(len(utterances), 'line')}: {to_do:,} to do, {reused:,} reused from an "
             f"earlier run{others}; {voice.label} on {voice.device}, {voice.precision}")
 
 
@@ -268,19 +280,12 @@ def _windows(first: Share, reader: WindowReader, batch_size: int, device: str, m
     writes them)."""
     yield first
     for rows, pending in reader:
-        manifest.rows.update(rows)
+        manifest.record_all(rows.values())
         share, _ = _my_share(pending, manifest, batch_size, device, together, checkpoint)
         first.lines.extend(p for p in share.lines if p in share.shared)
         first.shared |= share.shared
         del pending
         yield share
-
-
-def _skipped_later(plan: Plan, manifest: ManifestJournal) -> int:
-    """The lines of the plan's later windows that turned out to have nothing
-    to make (their rows were made when their window was read)."""
-    return sum(1 for window in plan.unread for u, _ in window
-               if u.line in manifest.rows and not manifest.rows[u.line].key)
 
 
 def _batch_size(settings: Settings, identity: dict) -> int:
@@ -359,8 +364,7 @@ def _run_batches(engine: Engine, shares: Iterable[Share], lines: int, settings: 
 def _run_window(engine: Engine, share: Share, writer: "LineWriter", checkpoint: ManifestJournal,
                 signals: StopOnSignals, pool: ThreadPoolExecutor, progress: "_Progress") -> OSError | None:
     """``_run_batches`` for one window; the first write that failed, if one did."""
-    for p in share.lines:
-        checkpoint.pending_said[p.utterance.line] = p.normalized, p.dropped
+    checkpoint.expect((p.utterance, p.normalized, p.dropped) for p in share.lines)
     job_batches, work = jobs_of(share.batches)
     failure: OSError | None = None
     results = engine.synthesize_all(job_batches, stop=signals.stop, abort=signals.abort)
@@ -371,11 +375,13 @@ def _run_window(engine: Engine, share: Share, writer: "LineWriter", checkpoint: 
             del made
             writes = ([(p, pool.submit(writer.write, p)) for p in done]
                       + [(None, pool.submit(writer.write_piece, p, i)) for p, i in handed])
+            seconds = 0.0
             for p, future in writes:
                 try:
                     row = future.result()
                     if p is not None:
-                        checkpoint.rows[p.utterance.line] = row
+                        checkpoint.record(row)
+                        seconds += row.duration
                 except OSError as e:
                     failure = failure or e
             # Written (or failed): let go of the audio. On CUDA each batch's
@@ -385,8 +391,7 @@ def _run_window(engine: Engine, share: Share, writer: "LineWriter", checkpoint: 
                 p.results.clear()
             for p, i in handed:
                 p.results[i] = None
-            progress.update(len(done), sum(checkpoint.rows[p.utterance.line].duration for p in done
-                                           if p.utterance.line in checkpoint.rows))
+            progress.update(len(done), seconds)
             if failure is not None:
                 break
             checkpoint.save()

@@ -68,7 +68,7 @@ class Plan:
     """A run's plan (``plan_lines``)."""
     rows: dict[int, ManifestRow]   # the rows known before synthesis, by corpus line
     pending: list[PendingLine]     # the lines read and left to make
-    written: dict[int, str]        # the kept rows the manifest holds as they are: its lines, by corpus line
+    written: dict[int, tuple[int, int]]   # the kept rows the manifest holds as they are: where, by corpus line
     unread: list[list[tuple[Utterance, str]]]   # windows of lines (with their text keys) to read later
 
 
@@ -114,7 +114,8 @@ def plan_lines(utterances: list[Utterance], settings: Settings, seed: int, ident
 
 def _note_as_written(plan: Plan, u: Utterance, old: ManifestRow | dict, previous: resume.EarlierRows) -> None:
     """Where ``u``'s row in the plan is the earlier row ``old`` as the
-    manifest holds it, its line there, for the journal to write as it is."""
+    manifest holds it, where its line is there, for the journal to write as
+    it is."""
     if u.id in previous.written and as_written(plan.rows[u.line], old):
         plan.written[u.line] = previous.written[u.id]
 
@@ -150,16 +151,21 @@ class WindowReader:
     def __init__(self, windows: list[list[tuple[Utterance, str]]], settings: Settings, seed: int,
                  identity: dict):
         self.windows, self._how = windows, (settings, seed, identity)
+        self.without_audio = 0   # lines of the windows read so far that have nothing to make
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-read")
         self._ahead = self._read(0)
 
     def _read(self, n: int):
-        return self._thread.submit(read_window, self.windows[n], *self._how) if n < len(self.windows) else None
+        if n == len(self.windows):
+            return None
+        window, self.windows[n] = self.windows[n], []   # let go of it once read
+        return self._thread.submit(read_window, window, *self._how)
 
     def __iter__(self) -> Iterator[tuple[dict[int, ManifestRow], list[PendingLine]]]:
         """Each window's rows and lines to make (``read_window``), in order."""
         for n in range(len(self.windows)):
             read, self._ahead = self._ahead.result(), self._read(n + 1)
+            self.without_audio += len(read[0])
             yield read
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
 from tts_cli.formats import names_a_place_for
-from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, ManifestRow, manifest_as_written, row_fields
+from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, ManifestRow, manifest_rows_at, row_fields
 from tts_cli.tarshards import key_of, member_size
 
 if TYPE_CHECKING:
@@ -65,13 +65,13 @@ def _alignment_identity(settings: Settings) -> dict | None:
 
 class EarlierRows(dict):
     """The rows earlier runs left, by id (``previous_rows``), and, for
-    those the manifest holds, ``written``: each row's line as it stands in
-    the manifest, by id (a kept row the same in every field is written back
-    as it was read, not serialized again)."""
+    those the manifest holds, ``written``: where each row's line is in the
+    manifest, (first byte, length), by id (a kept row the same in every
+    field is written back as it was read, not serialized again)."""
 
     def __init__(self):
         super().__init__()
-        self.written: dict[str, str] = {}
+        self.written: dict[str, tuple[int, int]] = {}
         self.partial = False   # a torchrun job left partial manifests
 
 
@@ -87,12 +87,12 @@ def previous_rows(out_dir: Path) -> EarlierRows:
         whole = path.name == MANIFEST_NAME
         rows.partial |= not whole
         try:
-            for row, line in manifest_as_written(path):
+            for row, where in manifest_rows_at(path):
                 # a row as this version writes it is kept as a ManifestRow,
                 # which takes a fraction of a dict's memory (BENCHMARKS.md, Scale)
                 rows[row["id"]] = ManifestRow(**row) if row.keys() == ROW_FIELD_SET else row
                 if whole:
-                    rows.written[row["id"]] = line
+                    rows.written[row["id"]] = where
                 else:
                     rows.written.pop(row["id"], None)
         except (ValueError, OSError) as e:
