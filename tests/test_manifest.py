@@ -403,9 +403,10 @@ def test_kept_rows_are_copied_from_the_earlier_manifest_through_every_rewrite_an
     path = tmp_path / "manifest.jsonl"
     path.write_bytes(b"".join(row.to_json().encode() + b"\r\n" for row in rows))
     utterances = [Utterance(line=row.line, id=row.id, text=row.text) for row in rows]
-    kept = {record["line"]: where for record, where in manifest_rows_at(path) if record["line"] != 2}
-    journal = ManifestJournal(path, utterances, {row.line: row for row in rows if row.line != 2}, seed=3,
-                              written=kept)
+    journal = ManifestJournal(path, utterances, {}, seed=3)
+    for record, where in manifest_rows_at(path):
+        if record["line"] != 2:
+            journal.keep(ManifestRow(**record), where)
     journal.save(final=True)
     assert read_manifest(path)[1]["status"] == "pending"
     journal.record(rows[1])

@@ -126,6 +126,20 @@ def test_a_damaged_manifest_is_one_line_naming_it(tmp_path, tiny_checkpoints):
     assert result.output.count("\n") == 1 and "manifest.jsonl:1" in result.output and "--force" in result.output
 
 
+def test_a_row_damaged_past_its_id_is_named_by_its_line_when_its_line_is_planned(tmp_path, tiny_checkpoints):
+    # earlier rows are indexed by the id their line starts with and read
+    # when planned: a damage further on still names the manifest's line
+    out = tmp_path / "out"
+    corpus = write(tmp_path, LINES)
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+    lines = (out / "manifest.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[3] = lines[3][:40] + "\n"
+    (out / "manifest.jsonl").write_text("".join(lines), encoding="utf-8")
+    result = synth(corpus, out, tiny_checkpoints)
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "manifest.jsonl:4: not valid JSON" in result.output
+
+
 # --- mels --------------------------------------------------------------------------------------
 
 def mel_files_and_rows(out):

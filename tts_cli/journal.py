@@ -19,13 +19,11 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 from tts_cli.corpus import Utterance
 from tts_cli.errors import OutputError, cannot_write
-from tts_cli.manifest import STATUSES, ManifestRow, manifest_rows_at, row_fields, row_without_audio, \
-    write_manifest_lines
-from tts_cli.tarshards import shard_of
+from tts_cli.manifest import STATUSES, ManifestRow, manifest_rows_at, row_without_audio, write_manifest_lines
+from tts_cli.tarshards import SHARDS, shard_of
 from tts_cli.text import foreign_letters, words_lost
 
 # The manifest is rewritten at most this often during a run (and always at the
@@ -50,16 +48,15 @@ class ManifestJournal:
     With ``only`` (a torchrun process's partial manifest), just the rows
     of those lines that are done.
 
-    ``rows``: the rows known before synthesis, by corpus line, taken in
-    (not kept). ``written``: those of them the manifest at ``path`` holds
-    as they are, by corpus line: where each one's line is in that file
-    (first byte, length), so it is written back as it was read. The rows
-    this run makes come in through ``record`` (or, from other processes'
-    partial manifests, ``adopt``), and the text of the lines it has read but
-    not made yet through ``expect``."""
+    ``rows``: rows known already, by corpus line, taken in (not kept). The
+    rows known before synthesis come in through ``keep`` (with where the
+    manifest at ``path`` holds each as it is, so it is written back as it
+    was read), the rows this run makes through ``record`` (or, from other
+    processes' partial manifests, ``adopt``), and the text of the lines it
+    has read but not made yet through ``expect``."""
 
     def __init__(self, path: Path, utterances: list[Utterance], rows: Mapping[int, ManifestRow],
-                 seed: int, only: set[int] | None = None, written: Mapping[int, tuple[int, int]] | None = None):
+                 seed: int, only: set[int] | None = None):
         self.path, self.utterances, self.seed, self.only = path, utterances, seed, only
         self.saved_at = 0.0
         self.save_seconds = 0.0
@@ -67,18 +64,25 @@ class ManifestJournal:
         # to do): no save writes it.
         self.on_disk = False
         count = len(utterances)
-        self._lines = _RowLines(path, [u.line for u in utterances], written or {})
+        self._lines = _RowLines(path, [u.line for u in utterances])
         self.status = bytearray(count)
         self.duration, self.clipped = array("d", bytes(8 * count)), array("q", bytes(8 * count))
         self.retried = bytearray(count)       # 1: made by this run, more than one attempt at it
         self.failed: dict[int, str] = {}      # position -> reason, of the lines that failed
         self.unsaid: dict[int, str] = {}      # position -> what the voice could not say, of lines with audio
         self.named = _Names()                 # the files the rows name
-        for line, row in rows.items():
-            n = self._lines.position(line)
-            self._take(n, row)
-            if not self._lines.has(n):
-                self._lines.spool(n, row.to_json())
+        for row in rows.values():
+            self.keep(row)
+
+    def keep(self, row: ManifestRow, where: tuple[int, int] | None = None) -> None:
+        """A row known before synthesis, and where the manifest at ``path``
+        holds it as it is, (first byte, length), if it does."""
+        n = self._lines.position(row.line)
+        self._take(n, row)
+        if where is None:
+            self._lines.spool(n, row.to_json())
+        else:
+            self._lines.earlier(n, *where)
 
     def record(self, row: ManifestRow) -> None:
         """A line's row, made by this run (it replaces any row it had)."""
@@ -102,28 +106,27 @@ class ManifestJournal:
         with open(path, "rb") as f:
             for record, (start, length) in manifest_rows_at(path):
                 n = self._lines.position(record["line"])
-                self._take(n, record, made=True)
+                self._take(n, ManifestRow(**record), made=True)
                 self._lines.spool_bytes(n, os.pread(f.fileno(), length, start))
 
-    def _take(self, n: int, row: ManifestRow | Mapping[str, Any], made: bool = False) -> None:
+    def _take(self, n: int, row: ManifestRow, made: bool = False) -> None:
         """What the summary needs of line ``n``'s row."""
-        field = row_fields(row)
-        status, audio = field("status"), field("audio_filepath")
-        self.status[n], self.duration[n] = _CODE[status], float(field("duration") or 0.0)
-        self.clipped[n] = int(field("clipped_samples") or 0)
-        alignment = field("alignment") if made else None
+        status, audio = row.status, row.audio_filepath
+        self.status[n], self.duration[n], self.clipped[n] = _CODE[status], row.duration, row.clipped_samples or 0
+        alignment = row.alignment if made else None
         self.retried[n] = bool(alignment) and alignment["attempts"] > (len(alignment.get("pieces", ())) or 1)
-        self.failed.pop(n, None)
-        self.unsaid.pop(n, None)
         if status == "error":
-            self.failed[n] = field("reason")
-        if audio:
-            what = words_lost(field("dropped") or "") or foreign_letters(field("text"))
-            if what:
-                self.unsaid[n] = what
-        for name in (audio, field("mel_filepath")):
+            self.failed[n] = row.reason
+        elif n in self.failed:
+            del self.failed[n]
+        what = audio and (words_lost(row.dropped or "") or foreign_letters(row.text))
+        if what:
+            self.unsaid[n] = what
+        elif n in self.unsaid:
+            del self.unsaid[n]
+        for name in (audio, row.mel_filepath):
             if name:
-                self.named.add(shard_of(name) or name)
+                self.named.add(name.startswith(SHARDS) and shard_of(name) or name)
 
     @property
     def complete(self) -> bool:
@@ -206,27 +209,30 @@ class _RowLines:
     """Where each corpus line's row is as a JSON line: in the earlier run's
     manifest, or in this run's spool. 17 bytes a line, whatever the row."""
 
-    def __init__(self, manifest: Path, lines: list[int], written: Mapping[int, tuple[int, int]]):
+    def __init__(self, manifest: Path, lines: list[int]):
         self.lines = array("q", lines)
         if any(a >= b for a, b in zip(self.lines, self.lines[1:])):
             raise ValueError("a journal's lines must be in corpus order, each once")
         count = len(self.lines)
+        # lines 1, 2, 3, ...: a line's place is its number less one (else found by bisection)
+        self._numbered = not count or self.lines[-1] == count
         self.in_spool = bytearray(count)    # 1: in the spool, 0: in the earlier manifest, if anywhere
         self.start, self.length = array("q", bytes(8 * count)), array("q", [-1]) * count
-        self._folder, self._earlier, self._spool, self._spool_size = manifest.parent, None, None, 0
-        if written:
-            # open from here on: the output lock keeps the file this run's to replace, and the open file outlives that
-            self._earlier = open(manifest, "rb")
-            for line, (start, length) in written.items():
-                n = self.position(line)
-                self.start[n], self.length[n] = start, length
+        self._manifest, self._earlier, self._spool, self._spool_size = manifest, None, None, 0
 
     def position(self, line: int) -> int:
         """The place of corpus line ``line`` among the journal's."""
-        n = bisect_left(self.lines, line)
-        if n == len(self.lines) or self.lines[n] != line:
+        n = line - 1 if self._numbered else bisect_left(self.lines, line)
+        if not 0 <= n < len(self.lines) or self.lines[n] != line:
             raise KeyError(f"line {line} is not one of this run's")
         return n
+
+    def earlier(self, n: int, start: int, length: int) -> None:
+        """Line ``n``'s row is in the earlier run's manifest, at ``start``."""
+        if self._earlier is None:
+            # open from here on: the output lock keeps the file this run's to replace, and the open file outlives that
+            self._earlier = open(self._manifest, "rb")
+        self.in_spool[n], self.start[n], self.length[n] = 0, start, length
 
     def has(self, n: int) -> bool:
         return self.length[n] >= 0
@@ -237,7 +243,7 @@ class _RowLines:
 
     def spool_bytes(self, n: int, data: bytes) -> None:
         if self._spool is None:
-            self._spool = tempfile.TemporaryFile(dir=self._folder, prefix=".manifest-rows.")
+            self._spool = tempfile.TemporaryFile(dir=self._manifest.parent, prefix=".manifest-rows.")
         self._spool.write(data)
         self.in_spool[n], self.start[n], self.length[n] = 1, self._spool_size, len(data)
         self._spool_size += len(data)

@@ -14,9 +14,10 @@ import functools
 import itertools
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from tts_cli.audio import atomic_write
 from tts_cli.corpus import Utterance
@@ -37,7 +38,7 @@ def partial_manifest_name(rank: int, world: int) -> str:
 _LINE_BREAKING_CHARACTERS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
-@dataclass(slots=True)   # no dict per row: a run holds every row to its end
+@dataclass(slots=True)   # no dict per row: a re-run reads every earlier row before it plans
 class ManifestRow:
     """What happened to one corpus line."""
 
@@ -178,6 +179,42 @@ def manifest_rows_at(path: str | os.PathLike) -> Iterator[tuple[dict[str, Any], 
                 row = raw.removesuffix(b"\n").removesuffix(b"\r")
                 yield _parse_row(row, name, number), (start, len(row))
             start += len(raw)
+
+
+# The start of a row as ``ManifestRow.to_json`` writes it: its id, as JSON.
+_ID_FIRST = re.compile(rb'\{"id": ("(?:[^"\\]|\\.)*"), ')
+
+
+def row_ids_at(f: BinaryIO, name: str) -> Iterator[tuple[str, int, int]]:
+    """Each row's id in the manifest open as ``f`` (named ``name``), with
+    where its line is, (first byte, length), the line ending left out;
+    blank lines skipped. A row's id is read from the start of its line
+    where the row is as ``ManifestRow.to_json`` writes it (the row itself
+    is checked when it is read, ``row_at``), else from the whole row, which
+    must be one (ValueError names ``name:line``)."""
+    start = 0
+    f.seek(0)
+    for number, raw in enumerate(f, start=1):
+        line = raw.removesuffix(b"\n").removesuffix(b"\r")
+        if line.strip():
+            first = _ID_FIRST.match(line)
+            if first is not None and b"\\" not in first[1]:
+                row_id = first[1][1:-1].decode("utf-8", errors="surrogateescape")
+            else:
+                row_id = _parse_row(line, name, number)["id"]
+            yield row_id, start, len(line)
+        start += len(raw)
+
+
+def row_at(f: BinaryIO, name: str, start: int, length: int) -> dict[str, Any]:
+    """The row whose line is at ``start`` in the manifest open as ``f``,
+    checked as ``read_manifest`` checks it (ValueError names ``name:line``)."""
+    raw = os.pread(f.fileno(), length, start)
+    try:
+        return _parse_row(raw, name, 0)
+    except ValueError:
+        number = os.pread(f.fileno(), start, 0).count(b"\n") + 1
+        return _parse_row(raw, name, number)
 
 
 def as_written(row: ManifestRow, record: ManifestRow | dict[str, Any]) -> bool:

@@ -27,7 +27,7 @@ from tts_cli.corpus import Utterance
 from tts_cli.formats import Layout, is_shard_folder
 from tts_cli.devices import device_type, open_cuda_early
 from tts_cli.errors import FatalError, OutputError, OutputNotice, cannot_write
-from tts_cli.planning import PendingLine, Plan, WindowReader, batch_plan, collector_paused, plan_lines
+from tts_cli.planning import PendingLine, WindowReader, batch_plan, collector_paused, plan_lines
 from tts_cli.journal import ManifestJournal
 from tts_cli.tarshards import ONE_PROCESS, SHARDS
 from tts_cli.writing import LineWriter
@@ -136,20 +136,16 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     else:   # torch is not imported until there is work (loading.py)
         voice, voiced = voice or resolve_voice(settings), None
     identity = resume.audio_identity(settings, voice)
-    plan = plan_lines(utterances, settings, seed, identity, previous, out_dir)
-    reused, reused_seconds = _reused(plan)
+    in_order = not previous.partial and list(previous) == [u.id for u in utterances]
+    manifest = ManifestJournal(manifest_path, utterances, {}, seed)
+    with contextlib.closing(previous):
+        plan = plan_lines(utterances, settings, seed, identity, previous, out_dir, keep=manifest.keep)
     to_do = len(plan.pending) + sum(len(window) for window in plan.unread)
-    notices: list[str] = [*voice.notices, _plan_line(utterances, to_do, reused, voice)]
+    notices: list[str] = [*voice.notices, _plan_line(utterances, to_do, plan.reused, voice)]
     for notice in notices:
         on_notice(notice)
-    manifest = ManifestJournal(manifest_path, utterances, plan.rows, seed, written=plan.written)
     # nothing to make and every row as the manifest holds it, in its order: no need to write it again
-    manifest.on_disk = (not to_do and not previous.partial and len(plan.written) == len(utterances)
-                        and list(previous.written) == [u.id for u in utterances])
-    # the journal has the rows known so far, and where their lines are
-    del previous
-    plan.rows.clear()
-    plan.written.clear()
+    manifest.on_disk = not to_do and in_order and plan.as_written == len(utterances)
     batch_size = _batch_size(settings, identity)
     share, checkpoint = _my_share(plan.pending, manifest, batch_size, identity["device"], together)
     # the first window of lines to read is read while the models load
@@ -192,8 +188,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         summary = RunSummary(lines=len(utterances), counts=manifest.counts(), audio_seconds=manifest.audio_seconds(),
                              clipped_samples=sum(manifest.clipped),
                              wall_seconds=time.perf_counter() - started, load_seconds=load_seconds,
-                             seed=seed, notices=notices, reused=reused, seed_source=seed_source,
-                             reused_seconds=reused_seconds, processes=together.processes,
+                             seed=seed, notices=notices, reused=plan.reused, seed_source=seed_source,
+                             reused_seconds=plan.reused_seconds, processes=together.processes,
                              made=to_do - reader.without_audio, retried=manifest.retried.count(1),
                              failed=manifest.lines_of(manifest.failed), unsaid=manifest.lines_of(manifest.unsaid))
         progress = checkpoint.progress()
@@ -250,16 +246,6 @@ def _report_orphans(out_dir: Path, named: Container[str], prune: bool, on_notice
     else:
         on_notice(OutputNotice(f"{plural(len(left), 'file')} in {out_dir} (wavs/, mels/, shards/) that no manifest row "
                                f"names (left by an earlier corpus, e.g. {left[0].name}); --prune removes them"))
-
-
-def _reused(plan: Plan) -> tuple[int, float]:
-    """The lines an earlier run made that this one keeps, and their audio
-    seconds: only their rows have a key before synthesis starts."""
-    lines, seconds = 0, 0.0
-    for row in plan.rows.values():
-        if row.key is not None:
-            lines, seconds = lines + 1, seconds + row.duration
-    return lines, seconds
 
 
 def _plan_line(utterances: list[Utterance], to_do: int, reused: int, voice: ResolvedVoice) -> str:

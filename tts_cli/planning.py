@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +27,11 @@ from tts_cli.config import Settings
 from tts_cli.corpus import NOTHING_TO_SAY, Utterance
 from tts_cli.manifest import ManifestRow, as_written, row_without_audio
 from tts_cli.splitting import split_text
+
+
+# Where a kept row's line is in the manifest, (first byte, length); None
+# when the manifest does not hold the row as it is.
+Where = tuple[int, int] | None
 
 
 def line_seed(run_seed: int, line_id: str) -> int:
@@ -66,58 +71,61 @@ READ_WINDOW = 50_000
 @dataclass
 class Plan:
     """A run's plan (``plan_lines``)."""
-    rows: dict[int, ManifestRow]   # the rows known before synthesis, by corpus line
     pending: list[PendingLine]     # the lines read and left to make
-    written: dict[int, tuple[int, int]]   # the kept rows the manifest holds as they are: where, by corpus line
     unread: list[list[tuple[Utterance, str]]]   # windows of lines (with their text keys) to read later
+    reused: int = 0                # lines an earlier run made that this one keeps ...
+    reused_seconds: float = 0.0    # ... and their audio
+    as_written: int = 0            # rows kept as the manifest holds them
 
 
 def plan_lines(utterances: list[Utterance], settings: Settings, seed: int, identity: dict,
-               previous: resume.EarlierRows, out_dir: Path) -> Plan:
-    """Rows known before synthesis (lines with nothing to say, lines an
-    earlier run finished) and the lines left to synthesize, in corpus
-    order. A line whose earlier row has its text key keeps that row's key
-    unread (``resume.text_key``); the others are read and keyed here, but
-    for the lines no earlier run made when there are more than READ_WINDOW
-    of those: they wait in ``unread``, in windows of READ_WINDOW, read
-    once the plan is made (``WindowReader``). Each earlier row is let go
-    once its line is planned (BENCHMARKS.md, Scale)."""
-    plan = Plan({}, [], {}, [])
+               previous: resume.EarlierRows, out_dir: Path, keep: Callable[[ManifestRow, Where], None]) -> Plan:
+    """The rows known before synthesis (lines with nothing to say, lines an
+    earlier run finished), each handed to ``keep`` with where its line is
+    in the manifest when the manifest holds it as it is (else None), and
+    the lines left to synthesize, in corpus order. A line whose earlier row
+    has its text key keeps that row's key unread (``resume.text_key``); the
+    others are read and keyed here, but for the lines no earlier run made
+    when there are more than READ_WINDOW of those: they wait in
+    ``unread``, in windows of READ_WINDOW, read once the plan is made
+    (``WindowReader``). No row is held once it is planned (BENCHMARKS.md,
+    Scale)."""
+    plan = Plan([], [])
     to_read = []
     context = resume.text_context(seed, identity, settings)
+
+    def kept(row: ManifestRow, old: ManifestRow | dict | None, where: Where) -> None:
+        if row.key is not None:
+            plan.reused, plan.reused_seconds = plan.reused + 1, plan.reused_seconds + row.duration
+        where = where if old is not None and as_written(row, old) else None
+        plan.as_written += where is not None
+        keep(row, where)
+
     with collector_paused():
         for u in utterances:
-            old, text_key = previous.pop(u.id, None), resume.text_key(context, u)
-            kept = resume.kept_as_read(old, text_key, u, out_dir, settings)
-            if kept is None:
-                to_read.append((u, old, text_key))
-                continue
-            plan.rows[u.line] = kept
-            _note_as_written(plan, u, old, previous)
-        fresh = [(u, text_key) for u, old, text_key in to_read if old is None]
+            (old, where), text_key = previous.take(u.id), resume.text_key(context, u)
+            row = resume.kept_as_read(old, text_key, u, out_dir, settings)
+            if row is None:
+                to_read.append((u, old, where, text_key))
+            else:
+                kept(row, old, where)
+        fresh = [(u, text_key) for u, old, _, text_key in to_read if old is None]
         if len(fresh) > READ_WINDOW:
             plan.unread = [fresh[i:i + READ_WINDOW] for i in range(0, len(fresh), READ_WINDOW)]
             to_read = [entry for entry in to_read if entry[1] is not None]
         del fresh
-        for u, old, text_key in to_read:
-            p = _read_line(u, text_key, seed, identity, plan.rows, settings)
-            if p is not None:
-                kept = resume.reusable_row(old, p.key, u, out_dir, settings)
-                if kept is None:
-                    plan.pending.append(p)
-                    continue
-                plan.rows[u.line] = replace(kept, text_key=text_key)
-            if old is not None:   # kept, or a row made again without audio
-                _note_as_written(plan, u, old, previous)
+        for u, old, where, text_key in to_read:
+            made: dict[int, ManifestRow] = {}
+            p = _read_line(u, text_key, seed, identity, made, settings)
+            if p is None:
+                kept(made[u.line], old, where)
+                continue
+            row = resume.reusable_row(old, p.key, u, out_dir, settings)
+            if row is None:
+                plan.pending.append(p)
+            else:
+                kept(replace(row, text_key=text_key), old, where)
     return plan
-
-
-def _note_as_written(plan: Plan, u: Utterance, old: ManifestRow | dict, previous: resume.EarlierRows) -> None:
-    """Where ``u``'s row in the plan is the earlier row ``old`` as the
-    manifest holds it, where its line is there, for the journal to write as
-    it is."""
-    if u.id in previous.written and as_written(plan.rows[u.line], old):
-        plan.written[u.line] = previous.written[u.id]
 
 
 def read_window(window: list[tuple[Utterance, str]], settings: Settings, seed: int,

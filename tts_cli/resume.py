@@ -18,7 +18,8 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import soundfile as sf
@@ -29,7 +30,7 @@ from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
 from tts_cli.formats import names_a_place_for
-from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, ManifestRow, manifest_rows_at, row_fields
+from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, ManifestRow, row_at, row_fields, row_ids_at
 from tts_cli.tarshards import key_of, member_size
 
 if TYPE_CHECKING:
@@ -63,16 +64,65 @@ def _alignment_identity(settings: Settings) -> dict | None:
     return {**thresholds_record(settings), "retries": settings.retries}
 
 
-class EarlierRows(dict):
-    """The rows earlier runs left, by id (``previous_rows``), and, for
-    those the manifest holds, ``written``: where each row's line is in the
-    manifest, (first byte, length), by id (a kept row the same in every
-    field is written back as it was read, not serialized again)."""
+class EarlierRows:
+    """The rows earlier runs left in the output folder, by id
+    (``previous_rows``): the manifest's, then (newer) those of the partial
+    manifests a torchrun job left when it stopped before merging them.
+    A row is read from its file when it is taken (``take``): until then it
+    is its id and where it is, a few hundred bytes a row however long."""
 
     def __init__(self):
-        super().__init__()
-        self.written: dict[str, tuple[int, int]] = {}
+        # id -> (first byte << 48) | (length << 16) | which file, in file order
+        self._where: dict[str, int] = {}
+        self._files: list[tuple[str, BinaryIO]] = []
         self.partial = False   # a torchrun job left partial manifests
+        self._whole = -1       # which file is the manifest itself, if there is one
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def values(self) -> Iterator[ManifestRow | dict]:
+        """Every row, read (and left to take)."""
+        return (self._read(where) for where in self._where.values())
+
+    def take(self, row_id: str) -> tuple[ManifestRow | dict | None, tuple[int, int] | None]:
+        """The row of ``row_id`` (None if there is none), no longer held
+        here, and where its line is in the manifest, (first byte, length),
+        when it is the manifest's (so a kept row the same in every field is
+        written back as it was read, not serialized again)."""
+        where = self._where.pop(row_id, None)
+        if where is None:
+            return None, None
+        start, length, file = where >> 48, (where >> 16) & 0xFFFFFFFF, where & 0xFFFF
+        return self._read(where), ((start, length) if file == self._whole else None)
+
+    def _read(self, where: int) -> ManifestRow | dict:
+        start, length, file = where >> 48, (where >> 16) & 0xFFFFFFFF, where & 0xFFFF
+        name, f = self._files[file]
+        try:
+            row = row_at(f, name, start, length)
+        except (ValueError, OSError) as e:
+            raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
+        # a row as this version writes it is kept as a ManifestRow, which
+        # takes a fraction of a dict's memory (BENCHMARKS.md, Scale)
+        return ManifestRow(**row) if row.keys() == ROW_FIELD_SET else row
+
+    def _index(self, path: Path) -> None:
+        """Where each row of the manifest at ``path`` is, by id."""
+        f = open(path, "rb")
+        file = len(self._files)
+        self._files.append((os.fspath(path), f))
+        for row_id, start, length in row_ids_at(f, os.fspath(path)):
+            self._where.pop(row_id, None)   # a later row of an id stands in its place in file order
+            self._where[row_id] = (start << 48) | (length << 16) | file
+
+    def close(self) -> None:
+        for _, f in self._files:
+            f.close()
+        self._files.clear()
 
 
 def previous_rows(out_dir: Path) -> EarlierRows:
@@ -80,22 +130,17 @@ def previous_rows(out_dir: Path) -> EarlierRows:
     of the partial manifests a torchrun job left when it stopped before
     merging them; none when there is no manifest."""
     rows = EarlierRows()
-    partial = partial_manifests(out_dir)
-    for path in [out_dir / MANIFEST_NAME, *partial]:
+    for path in [out_dir / MANIFEST_NAME, *partial_manifests(out_dir)]:
         if not path.exists():
             continue
         whole = path.name == MANIFEST_NAME
+        if whole:
+            rows._whole = len(rows._files)
         rows.partial |= not whole
         try:
-            for row, where in manifest_rows_at(path):
-                # a row as this version writes it is kept as a ManifestRow,
-                # which takes a fraction of a dict's memory (BENCHMARKS.md, Scale)
-                rows[row["id"]] = ManifestRow(**row) if row.keys() == ROW_FIELD_SET else row
-                if whole:
-                    rows.written[row["id"]] = where
-                else:
-                    rows.written.pop(row["id"], None)
+            rows._index(path)
         except (ValueError, OSError) as e:
+            rows.close()
             raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
     return rows
 
