@@ -356,6 +356,32 @@ def manifest_fills_the_disk(monkeypatch):
     monkeypatch.setattr(journal, "write_manifest_lines", full_after_first)
 
 
+def test_a_disk_full_while_the_journal_keeps_rows_ends_the_run_in_one_line_and_a_rerun_finishes(
+        tmp_path, tiny_checkpoints, monkeypatch):
+    # the rows' JSON lines wait in a spool in the output folder; a full disk
+    # there is the output's, said as any failed write is
+    from tts_cli import journal
+    corpus, out = write(tmp_path, LINES), tmp_path / "out"
+    real = journal.tempfile.TemporaryFile
+
+    class Full:
+        def __init__(self, *args, **kwargs):
+            self.file = real(*args, **kwargs)
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+    monkeypatch.setattr(journal.tempfile, "TemporaryFile", Full)
+    result = synth(corpus, out, tiny_checkpoints, "--quiet")
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "No space left on device" in result.output
+    monkeypatch.undo()
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+    assert synth(corpus, tmp_path / "fresh", tiny_checkpoints).exit_code == 0
+    assert [row["status"] for row in manifest(out)] == [row["status"] for row in manifest(tmp_path / "fresh")]
+
+
 def test_a_failed_write_leaves_no_engine_thread_running(tmp_path, tiny_checkpoints, monkeypatch):
     # The run-ending error used to leave the engine's threads running when the
     # manifest could not be saved, and the process aborted after the line.

@@ -242,9 +242,12 @@ class _RowLines:
         self.spool_bytes(n, json_line.encode("utf-8"))
 
     def spool_bytes(self, n: int, data: bytes) -> None:
-        if self._spool is None:
-            self._spool = tempfile.TemporaryFile(dir=self._manifest.parent, prefix=".manifest-rows.")
-        self._spool.write(data)
+        try:
+            if self._spool is None:
+                self._spool = tempfile.TemporaryFile(dir=self._manifest.parent, prefix=".manifest-rows.")
+            self._spool.write(data)
+        except OSError as e:   # a full disk, as when the manifest is written
+            raise OutputError(cannot_write(self._manifest.parent, e)) from None
         self.in_spool[n], self.start[n], self.length[n] = 1, self._spool_size, len(data)
         self._spool_size += len(data)
 
