@@ -171,14 +171,22 @@ def manifest_rows_at(path: str | os.PathLike) -> Iterator[tuple[dict[str, Any], 
     (first byte, length), the line ending left out. One at a time, so that
     a long manifest is never held whole, as bytes or as dicts."""
     name = os.fspath(path)
-    start = 0
-    # A binary file's lines end at '\n' only, as write_manifest ends rows.
     with open(path, "rb") as manifest_file:
-        for number, raw in enumerate(manifest_file, start=1):
-            if raw.strip():
-                row = raw.removesuffix(b"\n").removesuffix(b"\r")
-                yield _parse_row(row, name, number), (start, len(row))
-            start += len(raw)
+        for number, line, start in _lines_at(manifest_file):
+            yield _parse_row(line, name, number), (start, len(line))
+
+
+def _lines_at(f: BinaryIO) -> Iterator[tuple[int, bytes, int]]:
+    """The rows' lines of the manifest open as ``f``, from its start: (line
+    number, the line without its ending, its first byte); blank lines
+    skipped. A binary file's lines end at '\n' only, as write_manifest ends
+    rows."""
+    start = 0
+    f.seek(0)
+    for number, raw in enumerate(f, start=1):
+        if raw.strip():
+            yield number, raw.removesuffix(b"\n").removesuffix(b"\r"), start
+        start += len(raw)
 
 
 # The start of a row as ``ManifestRow.to_json`` writes it: its id, as JSON.
@@ -192,18 +200,13 @@ def row_ids_at(f: BinaryIO, name: str) -> Iterator[tuple[str, int, int]]:
     where the row is as ``ManifestRow.to_json`` writes it (the row itself
     is checked when it is read, ``row_at``), else from the whole row, which
     must be one (ValueError names ``name:line``)."""
-    start = 0
-    f.seek(0)
-    for number, raw in enumerate(f, start=1):
-        line = raw.removesuffix(b"\n").removesuffix(b"\r")
-        if line.strip():
-            first = _ID_FIRST.match(line)
-            if first is not None and b"\\" not in first[1]:
-                row_id = first[1][1:-1].decode("utf-8", errors="surrogateescape")
-            else:
-                row_id = _parse_row(line, name, number)["id"]
-            yield row_id, start, len(line)
-        start += len(raw)
+    for number, line, start in _lines_at(f):
+        first = _ID_FIRST.match(line)
+        if first is not None and b"\\" not in first[1]:
+            row_id = first[1][1:-1].decode("utf-8", errors="surrogateescape")
+        else:
+            row_id = _parse_row(line, name, number)["id"]
+        yield row_id, start, len(line)
 
 
 def row_at(f: BinaryIO, name: str, start: int, length: int) -> dict[str, Any]:
