@@ -86,7 +86,7 @@ class EarlierRows:
 
     def values(self) -> Iterator[ManifestRow | dict]:
         """Every row, read (and left to take)."""
-        return (self._read(where) for where in self._where.values())
+        return (self._read(*_unpacked(where)) for where in self._where.values())
 
     def take(self, row_id: str) -> tuple[ManifestRow | dict | None, tuple[int, int] | None]:
         """The row of ``row_id`` (None if there is none), no longer held
@@ -96,24 +96,27 @@ class EarlierRows:
         where = self._where.pop(row_id, None)
         if where is None:
             return None, None
-        start, length, file = where >> 48, (where >> 16) & 0xFFFFFFFF, where & 0xFFFF
-        return self._read(where), ((start, length) if file == self._whole else None)
+        start, length, file = _unpacked(where)
+        return self._read(start, length, file), ((start, length) if file == self._whole else None)
 
-    def _read(self, where: int) -> ManifestRow | dict:
-        start, length, file = where >> 48, (where >> 16) & 0xFFFFFFFF, where & 0xFFFF
+    def _read(self, start: int, length: int, file: int) -> ManifestRow | dict:
         name, f = self._files[file]
         try:
             row = row_at(f, name, start, length)
         except (ValueError, OSError) as e:
-            raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
+            raise _damaged(e) from None
         # a row as this version writes it is kept as a ManifestRow, which
         # takes a fraction of a dict's memory (BENCHMARKS.md, Scale)
         return ManifestRow(**row) if row.keys() == ROW_FIELD_SET else row
 
-    def _index(self, path: Path) -> None:
-        """Where each row of the manifest at ``path`` is, by id."""
-        f = open(path, "rb")
+    def index(self, path: Path) -> None:
+        """Where each row of the manifest at ``path`` (or a partial one) is, by id."""
+        whole = path.name == MANIFEST_NAME
+        self.partial |= not whole
         file = len(self._files)
+        if whole:
+            self._whole = file
+        f = open(path, "rb")
         self._files.append((os.fspath(path), f))
         for row_id, start, length in row_ids_at(f, os.fspath(path)):
             self._where.pop(row_id, None)   # a later row of an id stands in its place in file order
@@ -125,6 +128,16 @@ class EarlierRows:
         self._files.clear()
 
 
+def _unpacked(where: int) -> tuple[int, int, int]:
+    """(first byte, length, which file) of an ``EarlierRows`` place."""
+    return where >> 48, (where >> 16) & 0xFFFFFFFF, where & 0xFFFF
+
+
+def _damaged(e: Exception) -> FatalError:
+    """An earlier manifest that cannot be read, and what to do."""
+    return FatalError(f"{e}; pass --force to start over, or choose another output directory")
+
+
 def previous_rows(out_dir: Path) -> EarlierRows:
     """The rows earlier runs left, by id: the manifest's, then (newer) those
     of the partial manifests a torchrun job left when it stopped before
@@ -133,15 +146,11 @@ def previous_rows(out_dir: Path) -> EarlierRows:
     for path in [out_dir / MANIFEST_NAME, *partial_manifests(out_dir)]:
         if not path.exists():
             continue
-        whole = path.name == MANIFEST_NAME
-        if whole:
-            rows._whole = len(rows._files)
-        rows.partial |= not whole
         try:
-            rows._index(path)
+            rows.index(path)
         except (ValueError, OSError) as e:
             rows.close()
-            raise FatalError(f"{e}; pass --force to start over, or choose another output directory") from None
+            raise _damaged(e) from None
     return rows
 
 
