@@ -17,7 +17,7 @@ import tempfile
 import time
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tts_cli.corpus import Utterance
@@ -174,7 +174,7 @@ class ManifestJournal:
         self.saved_at = time.monotonic()
         self.save_seconds = self.saved_at - now
 
-    def _kept(self) -> list[int]:
+    def _kept(self) -> Sequence[int]:
         """The positions of the rows the manifest holds, each in the spool
         (a line not done yet, as such) if it is nowhere yet."""
         if self.only is not None:
