@@ -50,6 +50,24 @@ def test_a_lines_audio_and_mel_do_not_depend_on_its_batch():
         np.testing.assert_allclose(result.audio, alone.audio, atol=1e-5 * scale)
 
 
+def test_waveglow_runs_each_slice_of_a_batch_over_its_own_longest_line_with_the_same_audio(monkeypatch):
+    frames = {4: 6, 70: 30, 15: 17, 2: 3}
+    engine = make_engine(frames)
+    jobs = [Job(list(range(12, 12 + n)), seed=n) for n in frames]
+    alone = [engine.synthesize([job])[0] for job in jobs]
+    rows_per_frame = HOP // engine.waveglow.dims.n_group
+    engine.max_waveglow_rows = 2 * 17 * rows_per_frame   # two lines of 17 frames, one of 30
+    widths = []
+    real_vocode = Engine._vocode
+    monkeypatch.setattr(Engine, "_vocode", lambda self, mel, *rest: widths.append(mel.shape[2])
+                        or real_vocode(self, mel, *rest))
+    together = engine.synthesize(jobs)
+    assert widths == [6, 30, 17]   # the batch is 30 frames wide: 6 and 17 + 3 ran without its padding
+    for result, one in zip(together, alone):
+        assert result.frames == one.frames
+        np.testing.assert_allclose(result.audio, one.audio, atol=1e-5 * np.abs(one.audio).max())
+
+
 def test_on_cpu_waveglow_runs_folded_and_gives_the_plain_models_audio():
     # The folded matrix-product WaveGlow (no Triton off CUDA) is faster on CPU
     # too; its audio must be the plain model's, as the reference computes it.

@@ -332,8 +332,7 @@ class Scheduling:
         audio), each on its own, so that a halted run waits for one slice."""
         if self.device.type == "cuda":
             return [batch]
-        step = self._items_within_rows(batch.mel.shape[2])
-        return [batch.rows(slice(i, i + step)) for i in range(0, len(batch.jobs), step)]
+        return [batch.rows(rows) for rows in self.waveglow_slices(batch.counts)]
 
     def _hand_on(self, launched: Launched | None, out: queue.Queue, halt: threading.Event) -> None:
         """Wait for a launched batch and put its results out (None: nothing)."""

@@ -78,19 +78,37 @@ class Vocoding:
 
     @on_its_device
     @torch.inference_mode()
-    def vocode(self, mel: torch.Tensor, frames: torch.Tensor,
-               seeds: torch.Tensor | None = None) -> torch.Tensor:
-        """WaveGlow for one batch: float32 audio (B, F*hop), garbage past frames*hop."""
+    def vocode(self, mel: torch.Tensor, frames: torch.Tensor, seeds: torch.Tensor | None = None,
+               counts: list[int] | None = None) -> torch.Tensor:
+        """WaveGlow for one batch: float32 audio (B, F*hop), garbage past frames*hop.
+        ``counts``: ``frames`` already on the host. Each slice of lines runs
+        over its own longest line's frames: padding costs WaveGlow as much
+        as audio does, and the audio is the same (each line is masked)."""
         if seeds is None:
             seeds = torch.zeros(mel.shape[0], dtype=torch.long, device=self.device)
-        step = self._items_within_rows(mel.shape[2])
-        return torch.cat([self._vocode(mel[i: i + step], frames[i: i + step], seeds[i: i + step])
-                          for i in range(0, mel.shape[0], step)])
+        if counts is None:
+            counts = frames.tolist()
+        slices = self.waveglow_slices(counts)
+        if len(slices) == 1 and max(counts) == mel.shape[2]:
+            return self._vocode(mel, frames, seeds)
+        audio = torch.zeros(mel.shape[0], mel.shape[2] * self.hop_length, device=mel.device)
+        for rows in slices:
+            longest = max(counts[rows])
+            audio[rows, : longest * self.hop_length] = self._vocode(mel[rows, :, :longest], frames[rows], seeds[rows])
+        return audio
 
-    def _items_within_rows(self, frames: int) -> int:
-        """How many lines of ``frames`` mel frames WaveGlow runs at once within
-        ``max_waveglow_rows`` (at least one)."""
-        return max(1, self.max_waveglow_rows // (frames * self.hop_length // self.waveglow.dims.n_group))
+    def waveglow_slices(self, counts: list[int]) -> list[slice]:
+        """The batch's lines (their frame counts) in the runs of consecutive
+        lines that WaveGlow takes at once: as many as fit ``max_waveglow_rows``
+        at the run's longest line (at least one)."""
+        rows_per_frame = self.hop_length // self.waveglow.dims.n_group
+        slices, start, longest = [], 0, 0
+        for i, n in enumerate(counts):
+            longest = max(longest, n)
+            if i > start and (i + 1 - start) * longest * rows_per_frame > self.max_waveglow_rows:
+                slices.append(slice(start, i))
+                start, longest = i, n
+        return slices + [slice(start, len(counts))] if counts else slices
 
     def _vocode(self, mel, frames, seeds):
         sigma = self.settings.sigma
@@ -114,7 +132,7 @@ class Vocoding:
         if counts is None:
             counts, cut = frames.tolist(), truncated.tolist()
         seeds = torch.tensor([j.seed for j in jobs], dtype=torch.long, device=self.device)
-        audio = self.vocode(mel, frames, seeds)     # (B, F*hop) float32
+        audio = self.vocode(mel, frames, seeds, counts)     # (B, F*hop) float32
         if self.denoiser is not None:
             audio = self._denoise(audio, frames * self.hop_length)
         # One copy of the whole batch each: per-item copies would stall the stream.
