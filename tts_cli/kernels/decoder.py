@@ -150,15 +150,20 @@ if triton is not None:
 # for the published widths:
 _ATTENTION_WARPS = 8       # H200: enough threads to hold the memory and W_q tiles in registers
 _ATTENTION_BLOCK_T = 32    # H200: positions a block; the location product's rows (tl.dot takes 16 at least)
+# In float32 half as many: at 32, Triton 3.6's ptxas spills 464-816 bytes a
+# thread of the float32 kernel at odd widths (attention dim 100, 21 taps, an
+# encoder 514 wide) on every target; at 16 none spill and a block takes 60
+# KiB of shared memory instead of 88 (tests/test_kernel_targets.py).
+_ATTENTION_BLOCK_T_FP32 = 16
 _ATTENTION_BLOCK_R = 128   # H200: W_q's columns a block: a (128, 128) tile at the published attention dim
 _ATTENTION_BLOCK_E = 512   # H200: the published memory width: the context in one pass over T
 # The widest tile attention_step serves: (BLOCK_A, BLOCK_J), the attention
 # dim and the folded location weight's 2K taps, each rounded up to a power
 # of two. The (A, 2K) weight sits whole in shared memory and registers: the
-# published (128, 64) tile takes 88 KiB of shared memory in fp32, under the
-# 99 KiB an RTX-class GPU gives a block; (256, 64) takes 120 KiB and
-# (64, 128) 112 KiB (tests/test_kernel_targets.py). A wider attention runs
-# as the Attention module (decoder_graph.py).
+# published (128, 64) tile takes 60 KiB of shared memory in fp32, under the
+# 99 KiB an RTX-class GPU gives a block; (256, 64) takes 100 KiB and
+# (128, 128) 112 KiB, and in fp32 both spill under Triton 3.6. A wider
+# attention runs as the Attention module (decoder_graph.py).
 ATTENTION_MAX_TILE = (128, 64)
 
 
@@ -177,7 +182,8 @@ def attention_launch(dtype: torch.dtype, r: int, a: int, k: int, e: int, t: int,
                   dict(q_ptr=torch.float32, invalid_ptr=torch.uint8, e_ptr=torch.float32, T=t, E=e),
                   dict(HAS_QUERY=has_query, R=r, A=a, K=k, DOT_PRECISION=_dot_precision(dtype),
                        BLOCK_R=min(_ATTENTION_BLOCK_R, _pow2(r)), BLOCK_A=block_a, BLOCK_J=block_j,
-                       BLOCK_T=_ATTENTION_BLOCK_T, BLOCK_E=min(_ATTENTION_BLOCK_E, _pow2(e))),
+                       BLOCK_T=_ATTENTION_BLOCK_T_FP32 if dtype == torch.float32 else _ATTENTION_BLOCK_T,
+                       BLOCK_E=min(_ATTENTION_BLOCK_E, _pow2(e))),
                   num_warps=_ATTENTION_WARPS)
 
 
