@@ -57,9 +57,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 THREAD_REGISTERS, BLOCK_REGISTERS = 255, 65536     # every target's limits
 # Spilled registers a thread may keep on its stack: a few registers' worth,
-# which stays in L1. On an A100 ptxas spills up to 64 bytes of the attention
-# kernel at odd widths in fp32; the tiles the kernels refuse spill 168 bytes
-# and more (kernels/decoder.py).
+# which stays in L1. Triton 3.6 and 3.9 spill up to 32 bytes of a launch the
+# engine makes (the demo voice's WaveGlow taps in bf16); the tiles the kernels
+# refuse spill 168 bytes and more (kernels/decoder.py).
 SPILLED_BYTES = 64
 TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.uint8: "u8",
                 torch.int64: "i64"}
