@@ -57,8 +57,8 @@ def one_run(engine: Engine, settings, corpus: Path, marks: list) -> dict:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         summary = bench._corpus_run(settings, corpus, Path(folder) / "out", engine)
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - started
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - started   # before the folder's files are deleted
     spans = [dict(stage=stage, lines=lines, frames=frames, start=origin.elapsed_time(s) / 1e3,
                   end=origin.elapsed_time(e) / 1e3) for stage, lines, frames, s, e in marks]
     vocoded = sorted((x for x in spans if x["stage"] == "vocode"), key=lambda x: x["start"])
