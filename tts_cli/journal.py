@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tts_cli.corpus import Utterance
 from tts_cli.errors import OutputError, cannot_write
-from tts_cli.manifest import STATUSES, ManifestRow, manifest_rows_at, row_without_audio, write_manifest_lines
+from tts_cli.manifest import STATUSES, WITH_AUDIO, ManifestRow, manifest_rows_at, row_without_audio, write_manifest_lines
 from tts_cli.tarshards import SHARDS, shard_of
 from tts_cli.text import foreign_letters, words_lost
 
@@ -38,7 +38,7 @@ CHECKPOINT_SHARE = 0.02
 # A line's status in ``ManifestJournal.status``: 0 while it has no row.
 _CODE = {status: n for n, status in enumerate(STATUSES, start=1)}
 # Statuses of the lines done (made, or with nothing to make) when a run stops.
-_DONE = {_CODE[status] for status in ("ok", "suspect", "truncated", "skipped")}
+_DONE = {_CODE[status] for status in (*WITH_AUDIO, "skipped")}
 
 
 class ManifestJournal:

@@ -23,6 +23,8 @@ from tts_cli.audio import atomic_write
 from tts_cli.corpus import Utterance
 
 STATUSES = ("ok", "suspect", "truncated", "skipped", "error", "pending")
+# Statuses of a line with audio, which a re-run may keep (resume.py).
+WITH_AUDIO = ("ok", "suspect", "truncated")
 # The partial manifests of a torchrun job's processes: distributed.py writes
 # them, resume.py reads those that a job stopped before merging left behind.
 PARTIAL_MANIFESTS = "manifest.rank-*-of-*.jsonl"

@@ -30,15 +30,13 @@ from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
 from tts_cli.errors import FatalError
 from tts_cli.formats import names_a_place_for
-from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, ManifestRow, row_at, row_fields, row_ids_at
+from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, WITH_AUDIO, ManifestRow, row_at, row_fields, row_ids_at
 from tts_cli.tarshards import key_of, member_size
 
 if TYPE_CHECKING:
     from tts_cli.voice import ResolvedVoice
 
 MANIFEST_NAME = "manifest.jsonl"
-# Statuses whose WAV a re-run may keep.
-REUSABLE = ("ok", "suspect", "truncated")
 
 
 def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
@@ -252,7 +250,7 @@ def reusable_row(old: ManifestRow | dict | None, key: str, u: Utterance, out_dir
     if old is None:
         return None
     field = row_fields(old)
-    if field("key") != key or field("status") not in REUSABLE:
+    if field("key") != key or field("status") not in WITH_AUDIO:
         return None
     wav, mel = field("audio_filepath"), field("mel_filepath")
     if not isinstance(wav, str):
