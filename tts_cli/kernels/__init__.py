@@ -149,11 +149,12 @@ def remembered_triton_key() -> None:
 
     Before its first kernel lookup in a process, Triton hashes its own
     files, libtriton's hundreds of megabytes among them, to key its cache
-    of compiled kernels: 0.4-0.5 s on an H200 machine, a tenth of a small
-    job. The key depends only on those files, so it is kept in Triton's
-    cache directory beside their sizes and modification times, and
-    computed again when any of them changes, as ``make`` decides. A cache
-    directory that cannot be read or written only means Triton computes it."""
+    of compiled kernels, a noticeable part of a small job (BENCHMARKS.md,
+    what each step bought). The key depends only on those files, so it is
+    kept in Triton's cache directory beside their sizes and modification
+    times, and computed again when any of them changes, as ``make``
+    decides. A cache directory that cannot be read or written only means
+    Triton computes it."""
     cache = getattr(getattr(triton, "runtime", None), "cache", None)
     computed = getattr(cache, "triton_key", None)
     if computed is None or getattr(computed, "remembered", False):
