@@ -479,9 +479,9 @@ OTHER_VALUES = {
 
 
 def a_voice(**changes):
-    from tts_cli.voice import ResolvedVoice
-    voice = ResolvedVoice(files=None, fingerprint={"tacotron2": "a" * 64, "waveglow": "b" * 64},
-                          device="cpu", precision="fp32", label="test")
+    from tts_cli.voice import Voice
+    voice = Voice(tacotron2=None, waveglow=None, fingerprint={"tacotron2": "a" * 64, "waveglow": "b" * 64},
+                  device="cpu", precision="fp32", label="test")
     return dataclasses.replace(voice, **changes)
 
 

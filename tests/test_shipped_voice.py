@@ -77,8 +77,8 @@ def test_a_renamed_copy_of_the_demo_voice_is_the_same_voice(fresh_run):
         shutil.copy(SHIPPED / name, copies[kind])
     original = resolve_voice(Settings(device="cpu"))
     copy = resolve_voice(Settings(device="cpu", **copies))
-    assert original.files.demo and not copy.files.demo
-    assert voice_settings(copy.files.waveglow) == voice_settings(original.files.waveglow) == \
+    assert original.demo and not copy.demo
+    assert voice_settings(copy.waveglow) == voice_settings(original.waveglow) == \
         VoiceInfo("demo", 22050, 0.0)
     assert audio_identity(Settings(), copy) == audio_identity(Settings(), original)
 

@@ -54,10 +54,14 @@ def test_synthesize_gives_each_text_the_audio_the_command_writes_for_it(tmp_path
     assert tiny.synthesize(TEXTS[2:3], seed=5)[0].shape[0] > 0
 
 
-def test_the_voice_is_known_once_loaded(tiny):
+def test_the_voice_is_known_once_loaded(tiny, tiny_checkpoints):
     assert tiny.voice.sample_rate == tiny.sample_rate == 22050
     assert tiny.voice.name == "waveglow_256channels_universal_v5"   # NVIDIA's files name none: the file's stem
     assert tiny.voice.denoiser_strength == 0.01
+    # one object: the files it was loaded from, where it runs, and what the resume keys hold of it
+    assert (tiny.voice.tacotron2, tiny.voice.waveglow) == tuple(Path(p) for p in tiny_checkpoints)
+    assert (tiny.voice.device, tiny.voice.precision) == ("cpu", "fp32") and not tiny.voice.demo
+    assert tiny.voice is tiny.resolved_voice and set(tiny.voice.fingerprint) == {"tacotron2", "waveglow"}
 
 
 def test_a_text_the_front_end_cannot_read_is_refused_by_its_position(tiny):

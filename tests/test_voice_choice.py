@@ -237,7 +237,7 @@ def test_a_renamed_copy_of_the_demo_voice_keeps_its_settings_and_redoes_nothing(
 def test_nvidias_files_carry_no_settings_and_get_the_reference_values(workdir, tiny_checkpoints):
     publish(workdir, tiny_checkpoints)
     voice = resolve_voice(Settings(device="cpu"))
-    assert voice_settings(voice.files.waveglow) == VoiceInfo("waveglow_256channels_universal_v5", 22050, 0.01)
+    assert voice_settings(voice.waveglow) == VoiceInfo("waveglow_256channels_universal_v5", 22050, 0.01)
     assert synth().exit_code == 0
     assert {sf.info(str(p)).samplerate for p in (workdir / "out" / "wavs").iterdir()} == {22050}
 

@@ -1,12 +1,13 @@
 """The voice's models, loaded: the two files ``voice.resolve_voice`` chose,
 read (checkpoints.py) and built into Tacotron2 and WaveGlow, in an engine
-on the device torch confirms, with the sample rate and denoiser strength
-the WaveGlow file states for itself (the run's own settings win).
+on the device torch confirms; and the voice, loaded: with the name, sample
+rate and denoiser strength its WaveGlow file states (the run's own
+settings win).
 """
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -17,24 +18,24 @@ from tts_cli.config import REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, S
 from tts_cli.engine import Engine, precision_name, resolve_device, resolve_precision
 from tts_cli.errors import FatalError, first_line
 from tts_cli.tacotron2 import Tacotron2
-from tts_cli.voice import ResolvedVoice, Voice, choose_voice, resolve_voice
+from tts_cli.voice import Voice, choose_voice, resolve_voice
 from tts_cli.waveglow import WaveGlow
 
 
-def load_engine(settings: Settings, voice: ResolvedVoice) -> tuple[Engine, Settings, VoiceInfo]:
-    """The models of ``voice`` loaded into an engine on its device; the
-    run's settings with the voice's sample rate and denoiser strength filled
-    in where the run leaves them unset (what the WAVs and the manifest
-    read); and the voice's name, sample rate and denoiser strength (its
-    WaveGlow file's, else the reference's). The engine's own notices (a
-    model the fast path cannot serve, a denoiser that cannot act) are in
-    ``engine.notices``."""
+def load_engine(settings: Settings, voice: Voice) -> tuple[Engine, Settings, Voice]:
+    """The models of the resolved ``voice`` loaded into an engine on its
+    device; the run's settings with the voice's sample rate and denoiser
+    strength filled in where the run leaves them unset (what the WAVs and
+    the manifest read); and the voice, loaded: its name, sample rate and
+    denoiser strength its WaveGlow file's, else the reference's. The
+    engine's own notices (a model the fast path cannot serve, a denoiser
+    that cannot act) are in ``engine.notices``."""
     device = _confirmed_device(voice.device, settings.device)
     dtype, _ = resolve_precision(device, voice.precision)
-    tacotron2, waveglow, own = _load(voice.files)
-    info = _with_reference_values(own, voice.files.waveglow)
-    settings = with_voice(settings, info)
-    return Engine(tacotron2, waveglow, device, dtype, settings), settings, info
+    tacotron2, waveglow, own = _load(voice)
+    voice = replace(voice, **asdict(_with_reference_values(own, voice.waveglow)))
+    settings = with_voice(settings, voice)
+    return Engine(tacotron2, waveglow, device, dtype, settings), settings, voice
 
 
 def _confirmed_device(expected: str, requested: str | None) -> torch.device:
@@ -59,13 +60,13 @@ def make_engine(settings: Settings, notices: list[str]) -> Engine:
     return engine
 
 
-def engine_voice(engine: Engine, settings: Settings) -> tuple[ResolvedVoice, Settings, VoiceInfo]:
-    """The voice of an engine the caller built (no files to hash), the
-    run's settings with its sample rate and denoiser strength, and those."""
-    voice = ResolvedVoice(None, {"engine": "given by the caller"}, str(engine.device), precision_name(engine.dtype),
-                          "the caller's engine")
-    info = VoiceInfo(sample_rate=REFERENCE_SAMPLE_RATE, denoiser_strength=engine.settings.denoiser_strength)
-    return voice, with_voice(settings, info), info
+def engine_voice(engine: Engine, settings: Settings) -> tuple[Voice, Settings]:
+    """The voice of an engine the caller built (no files to hash), loaded,
+    and the run's settings with its sample rate and denoiser strength."""
+    voice = Voice(None, None, fingerprint={"engine": "given by the caller"}, device=str(engine.device),
+                  precision=precision_name(engine.dtype), label="the caller's engine",
+                  sample_rate=REFERENCE_SAMPLE_RATE, denoiser_strength=engine.settings.denoiser_strength)
+    return voice, with_voice(settings, voice)
 
 
 def voice_settings(waveglow: Path) -> VoiceInfo:
@@ -87,11 +88,11 @@ def _with_reference_values(own: VoiceInfo, waveglow: Path) -> VoiceInfo:
                      denoiser_strength=_unless_set(own.denoiser_strength, REFERENCE_DENOISER_STRENGTH))
 
 
-def with_voice(settings: Settings, info: VoiceInfo) -> Settings:
+def with_voice(settings: Settings, voice: Voice | VoiceInfo) -> Settings:
     """``settings`` with the voice's sample rate and denoiser strength where
     the run sets none."""
-    return replace(settings, sample_rate=_unless_set(settings.sample_rate, info.sample_rate),
-                   denoiser_strength=_unless_set(settings.denoiser_strength, info.denoiser_strength))
+    return replace(settings, sample_rate=_unless_set(settings.sample_rate, voice.sample_rate),
+                   denoiser_strength=_unless_set(settings.denoiser_strength, voice.denoiser_strength))
 
 
 def _unless_set(value, otherwise):

@@ -33,10 +33,9 @@ from tts_cli.tarshards import ONE_PROCESS, SHARDS
 from tts_cli.writing import LineWriter
 from tts_cli.manifest import plural
 from tts_cli.signals import StopOnSignals
-from tts_cli.voice import ResolvedVoice, resolve_voice
+from tts_cli.voice import Voice, resolve_voice
 
 if TYPE_CHECKING:   # torch: imported once there is work (loading.py) or under torchrun
-    from tts_cli.checkpoints import VoiceInfo
     from tts_cli.distributed import Group
     from tts_cli.engine import Engine, Job, Result
 
@@ -89,7 +88,7 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
                       engine: Engine | None = None,
                       group: Group | None = None,
                       signals: StopOnSignals | None = None,
-                      voice: ResolvedVoice | None = None, voice_info: VoiceInfo | None = None) -> RunSummary:
+                      voice: Voice | None = None) -> RunSummary:
     """Synthesize every line of a corpus (``corpus.read_corpus``) into
     ``out_dir``, reusing the WAVs an earlier run left there when their resume
     key matches. Problems with single lines become manifest rows; problems
@@ -103,7 +102,7 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
 
     The benchmark passes its own ``engine`` (random full-size weights, each
     line's decode length fixed by it); a ``Synthesizer`` passes the engine it
-    loaded with its ``voice`` and what the voice's file says (``voice_info``).
+    loaded with its ``voice``, loaded too (``voice.Voice``).
 
     ``signals``: the caller's handlers, already installed (the command
     installs them before anything else); without them the run installs its
@@ -111,13 +110,12 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
     with contextlib.nullcontext(signals) if signals else StopOnSignals() as signals:
         with output_lock.held(out_dir, group):
             return _synthesize(settings, utterances, out_dir, on_notice, engine,
-                               coordinator(group), signals, voice, voice_info)
+                               coordinator(group), signals, voice)
 
 
 def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice,
                 engine: Engine | None,
-                together: Alone | Together, signals: StopOnSignals, voice: ResolvedVoice | None = None,
-                voice_info: VoiceInfo | None = None) -> RunSummary:
+                together: Alone | Together, signals: StopOnSignals, voice: Voice | None = None) -> RunSummary:
     """``synthesize_corpus`` once the corpus is read and the output directory
     is this run's."""
     if settings.layout == "webdataset" and together.processes > 1:
@@ -129,10 +127,10 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     seed = together.agree_on_seed(seed)
     if engine is not None and voice is None:   # the bench's: no files behind it
         from tts_cli.loading import engine_voice
-        voice, voiced, voice_info = engine_voice(engine, settings)
+        voice, voiced = engine_voice(engine, settings)
     elif engine is not None:
         from tts_cli.loading import with_voice
-        voiced = with_voice(settings, voice_info)
+        voiced = with_voice(settings, voice)
     else:   # torch is not imported until there is work (loading.py)
         voice, voiced = voice or resolve_voice(settings), None
     identity = resume.audio_identity(settings, voice)
@@ -160,7 +158,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                 if device_type(voice.device) == "cuda":
                     open_cuda_early(voice.device)
                 from tts_cli.loading import load_engine
-                engine, voiced, voice_info = load_engine(settings, voice)
+                engine, voiced, voice = load_engine(settings, voice)
             notices.extend(engine.notices)
             for notice in engine.notices:
                 on_notice(notice)
@@ -170,7 +168,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         started = time.perf_counter()
         layout = Layout.for_corpus(settings.audio_format, settings.shard_size,
                                    max((u.line for u in utterances), default=0))
-        writer = LineWriter(settings, layout, out_dir, seed, voice_info.sample_rate if voice_info else None)
+        writer = LineWriter(settings, layout, out_dir, seed, voice.sample_rate)
         try:
             together.take_over(manifest)
             if (share.batches or plan.unread) and not stop.is_set():
@@ -248,7 +246,7 @@ def _report_orphans(out_dir: Path, named: Container[str], prune: bool, on_notice
                                f"names (left by an earlier corpus, e.g. {left[0].name}); --prune removes them"))
 
 
-def _plan_line(utterances: list[Utterance], to_do: int, reused: int, voice: ResolvedVoice) -> str:
+def _plan_line(utterances: list[Utterance], to_do: int, reused: int, voice: Voice) -> str:
     """The run's first line: what it will do, with which voice, where. In a
     corpus read a window at a time (planning.READ_WINDOW), a line of a later
     window counts as to do until its window is read."""

@@ -34,12 +34,12 @@ from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, WITH_AUDIO, Manif
 from tts_cli.tarshards import key_of, member_size
 
 if TYPE_CHECKING:
-    from tts_cli.voice import ResolvedVoice
+    from tts_cli.voice import Voice
 
 MANIFEST_NAME = "manifest.jsonl"
 
 
-def audio_identity(settings: Settings, voice: "ResolvedVoice") -> dict:
+def audio_identity(settings: Settings, voice: "Voice") -> dict:
     """Everything besides a line's ids and seed that changes its audio:
     every setting but those config.NOT_IN_THE_RESUME_KEY lists. The
     files' fingerprint stands for all they decide, the sample rate and

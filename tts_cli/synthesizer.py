@@ -20,7 +20,6 @@ import os
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,10 +27,7 @@ from tts_cli.config import BATCH_SIZES, DEFAULT_RECIPE, MODEL_SETTINGS, SHORTEST
 from tts_cli.corpus import Utterance, read_corpus, utterances_from_texts
 from tts_cli.errors import FatalError
 from tts_cli.resume import run_seed as run_seed_of
-from tts_cli.voice import ResolvedVoice, resolve_voice
-
-if TYPE_CHECKING:   # checkpoints.py imports torch, which the command imports only once it has work
-    from tts_cli.checkpoints import VoiceInfo
+from tts_cli.voice import Voice, resolve_voice
 
 
 class Synthesizer:
@@ -41,9 +37,8 @@ class Synthesizer:
 
     def __init__(self, settings: Settings):
         self.settings = settings          # as set: None where the voice decides (the resume keys hold these)
-        self._voice: ResolvedVoice | None = None
+        self._voice: Voice | None = None   # resolved, then loaded
         self._engine = None
-        self._info: VoiceInfo | None = None
         self._voiced: Settings | None = None   # with the voice's sample rate and denoiser strength
 
     @classmethod
@@ -71,7 +66,7 @@ class Synthesizer:
         full-size models): no files behind it, the reference's sample rate."""
         from tts_cli.loading import engine_voice
         synthesizer = cls(settings)
-        synthesizer._voice, synthesizer._voiced, synthesizer._info = engine_voice(engine, settings)
+        synthesizer._voice, synthesizer._voiced = engine_voice(engine, settings)
         synthesizer._engine = engine
         return synthesizer
 
@@ -80,22 +75,22 @@ class Synthesizer:
         """The models on their device (``engine.Engine``), loaded on first use."""
         if self._engine is None:
             from tts_cli.loading import load_engine
-            self._engine, self._voiced, self._info = load_engine(self.settings, self.resolved_voice)
+            self._engine, self._voiced, self._voice = load_engine(self.settings, self.resolved_voice)
         return self._engine
 
     @property
-    def resolved_voice(self) -> ResolvedVoice:
+    def resolved_voice(self) -> Voice:
         """The voice's files, their fingerprint and the device and precision
-        (what the resume keys hold), resolved once."""
+        (what the resume keys hold), resolved once; loaded once the models are."""
         if self._voice is None:
             self._voice = resolve_voice(self.settings)
         return self._voice
 
     @property
-    def voice(self) -> VoiceInfo:
-        """The voice's name, sample rate and denoiser strength."""
+    def voice(self) -> Voice:
+        """The voice, loaded: its files, name, sample rate and denoiser strength."""
         self.engine
-        return self._info
+        return self._voice
 
     @property
     def sample_rate(self) -> int:
@@ -142,7 +137,7 @@ class Synthesizer:
             status, reason = verdict(p.results, s.max_decoder_steps, p.caution)
             if reason is not None:
                 warnings.warn(f"text {n} is {status}: {reason}", stacklevel=2)
-            audio.append(joined_audio([r.audio for r in p.results], s, self._info.sample_rate))
+            audio.append(joined_audio([r.audio for r in p.results], s, self._voice.sample_rate))
         return audio
 
     def synthesize_to_dir(self, corpus_or_texts: str | os.PathLike | Iterable[str], out_dir: str | os.PathLike,
@@ -172,9 +167,7 @@ class Synthesizer:
             given = list(corpus_or_texts)
             utterances = given if all(isinstance(u, Utterance) for u in given) else utterances_from_texts(given)
         return synthesize_corpus(settings, utterances, Path(out_dir), on_notice=on_notice or (lambda line: None),
-                                 engine=self._engine, group=group, signals=signals,
-                                 voice=self._voice if self._engine is None else self.resolved_voice,
-                                 voice_info=self._info)
+                                 engine=self._engine, group=group, signals=signals, voice=self._voice)
 
 
 def check_files(settings: Settings) -> None:

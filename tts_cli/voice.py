@@ -20,10 +20,14 @@ and the resume keys' fingerprint both ask it, so they never disagree:
 4. Neither pair complete: a run-ending error naming the first missing
    published file and where to get it.
 
-The voice's name, sample rate and denoiser strength come from its WaveGlow
-file (``loading.voice_settings``), not from where the file is or what it is
-called. The resume keys need not read them: the files' fingerprint decides
-them, with the run's own ``sample_rate`` / ``denoiser_strength`` where set.
+A voice is one ``Voice``, filled in as a run learns more of it: chosen
+(the files), resolved (``resolve_voice``: their fingerprint, the device and
+precision the run expects, before torch is imported) and loaded
+(``loading.load_engine``: its name, sample rate and denoiser strength).
+Those three come from its WaveGlow file (``loading.voice_settings``), not
+from where the file is or what it is called. The resume keys need not read
+them: the files' fingerprint decides them, with the run's own
+``sample_rate`` / ``denoiser_strength`` where set.
 """
 from __future__ import annotations
 
@@ -57,11 +61,23 @@ DEMO_FILES = {
 
 @dataclass(frozen=True)
 class Voice:
-    """The two checkpoint files a run uses."""
-    tacotron2: Path
-    waveglow: Path
-    demo: bool = False            # the demo voice stands in for NVIDIA's
-    notice: str | None = None     # the one line that says so
+    """A voice: its two checkpoint files (``choose_voice``); resolved for a
+    run, what its resume keys need (``resolve_voice``); loaded, what its
+    WaveGlow file states of it (``loading.load_engine``). A field not known
+    yet is None."""
+    tacotron2: Path | None          # None: models the caller built (the bench's)
+    waveglow: Path | None
+    demo: bool = False              # the demo voice stands in for NVIDIA's
+    notices: tuple[str, ...] = ()   # one line each for the run's start: the demo voice, a precision changed
+    # resolved
+    fingerprint: dict[str, str] | None = None   # sha256 of each file, or what stands for them
+    device: str | None = None       # the device the run expects: cpu, cuda or cuda:N
+    precision: str | None = None    # fp32, fp16 or bf16
+    label: str = ""                 # the voice as the run's first line names it
+    # loaded: the file's values, the reference's where it states none
+    name: str | None = None         # shown to the user
+    sample_rate: int | None = None  # Hz of the audio its WaveGlow makes
+    denoiser_strength: float | None = None   # what a run that sets none uses; 0: no denoiser
 
     def path(self, kind: str) -> Path:
         return getattr(self, kind)
@@ -78,7 +94,7 @@ def choose_voice(settings: Settings) -> Voice:
         return Voice(**published)
     demo = demo_voice()
     if demo is not None:
-        return replace(demo, notice=_demo_notice({kind: demo.path(kind) for kind in DEMO_FILES}, published))
+        return replace(demo, notices=(_demo_notice({kind: demo.path(kind) for kind in DEMO_FILES}, published),))
     return _missing(next(kind for kind, path in published.items() if path is None))
 
 
@@ -139,38 +155,26 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-@dataclass(frozen=True)
-class ResolvedVoice:
-    """The run's voice as far as the resume keys need it, resolved once per
-    run before torch is imported (a re-run with nothing left to do never
-    imports it): the files and their fingerprint, the device and precision
-    the run expects (devices.py), how to name the voice, and the notices
-    that go with them."""
-    files: Voice | None            # None: an engine the caller built (the bench)
-    fingerprint: dict[str, str]    # sha256 of each file, or what stands for them
-    device: str                    # cpu, cuda or cuda:N
-    precision: str                 # fp32, fp16 or bf16
-    label: str                     # the voice as the run's first line names it
-    notices: tuple[str, ...] = ()
-
-
-def resolve_voice(settings: Settings) -> ResolvedVoice:
-    """The run's voice, from its settings (the order in the module docstring)."""
+def resolve_voice(settings: Settings) -> Voice:
+    """The run's voice, from its settings (the order in the module docstring),
+    resolved: what the resume keys need of it, before torch is imported (a
+    re-run with nothing left to do never imports it)."""
     device = expected_device(settings.device)
     precision, notice = expected_precision(device, settings.precision)
     files = choose_voice(settings)
-    notices = tuple(line for line in (notice, files.notice) if line)
     label = ("the demo voice" if files.demo
              else f"{_shown(files.tacotron2.resolve())} + {_shown(files.waveglow.resolve())}")
-    return ResolvedVoice(files, model_fingerprint(files), device, precision, label, notices)
+    return replace(files, notices=tuple(line for line in (notice, *files.notices) if line),
+                   fingerprint=model_fingerprint(files), device=device, precision=precision, label=label)
 
 
 def model_fingerprint(files: Voice) -> dict[str, str]:
     """sha256 of the two files: a resume key must change when the weights
     change, whatever the files are called (switching between the demo voice
-    and NVIDIA's redoes every line). Hashing NVIDIA's two files takes
-    0.3-0.4 s on an H200 machine, so it is done once per run
-    (``resolve_voice``) and kept between runs (``remembered_digest``)."""
+    and NVIDIA's redoes every line). Hashing NVIDIA's two files is a
+    noticeable part of a small run's start (BENCHMARKS.md, Start-up), so it
+    is done once per run (``resolve_voice``) and kept between runs
+    (``remembered_digest``)."""
     return {kind: remembered_digest(files.path(kind)) for kind in PUBLISHED_FILES}
 
 
