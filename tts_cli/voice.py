@@ -64,7 +64,7 @@ class Voice:
     """A voice: its two checkpoint files (``choose_voice``); resolved for a
     run, what its resume keys need (``resolve_voice``); loaded, what its
     WaveGlow file states of it (``loading.load_engine``). A field not known
-    yet is None."""
+    yet is None (the label: empty)."""
     tacotron2: Path | None          # None: models the caller built (the bench's)
     waveglow: Path | None
     demo: bool = False              # the demo voice stands in for NVIDIA's
