@@ -108,7 +108,7 @@ class Together:
             journal.only.update(p.utterance.line for p in mine)
             return share, journal
         partial = ManifestJournal(manifest.path.parent / self.group.partial_manifest, manifest.utterances,
-                                  {}, manifest.seed, only={p.utterance.line for p in mine})
+                                  seed=manifest.seed, only={p.utterance.line for p in mine})
         return share, partial
 
     def take_over(self, manifest: ManifestJournal) -> None:

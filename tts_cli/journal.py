@@ -48,15 +48,16 @@ class ManifestJournal:
     With ``only`` (a torchrun process's partial manifest), just the rows
     of those lines that are done.
 
-    ``rows``: rows known already, by corpus line, taken in (not kept). The
-    rows known before synthesis come in through ``keep`` (with where the
-    manifest at ``path`` holds each as it is, so it is written back as it
-    was read), the rows this run makes through ``record`` (or, from other
-    processes' partial manifests, ``adopt``), and the text of the lines it
-    has read but not made yet through ``expect``."""
+    ``rows``: rows known already, by corpus line, taken in as ``keep``
+    takes them (not kept). A run hands in the rows known before synthesis
+    through ``keep`` (with where the manifest at ``path`` holds each as it
+    is, so it is written back as it was read), the rows it makes through
+    ``record`` (or, from other processes' partial manifests, ``adopt``),
+    and the text of the lines it has read but not made yet through
+    ``expect``."""
 
-    def __init__(self, path: Path, utterances: list[Utterance], rows: Mapping[int, ManifestRow],
-                 seed: int, only: set[int] | None = None):
+    def __init__(self, path: Path, utterances: list[Utterance], rows: Mapping[int, ManifestRow] | None = None,
+                 *, seed: int, only: set[int] | None = None):
         self.path, self.utterances, self.seed, self.only = path, utterances, seed, only
         self.saved_at = 0.0
         self.save_seconds = 0.0
@@ -71,7 +72,7 @@ class ManifestJournal:
         self.failed: dict[int, str] = {}      # position -> reason, of the lines that failed
         self.unsaid: dict[int, str] = {}      # position -> what the voice could not say, of lines with audio
         self.named = _Names()                 # the files the rows name
-        for row in rows.values():
+        for row in (rows or {}).values():
             self.keep(row)
 
     def keep(self, row: ManifestRow, where: tuple[int, int] | None = None) -> None:

@@ -135,7 +135,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         voice, voiced = voice or resolve_voice(settings), None
     identity = resume.audio_identity(settings, voice)
     in_order = not previous.partial and list(previous) == [u.id for u in utterances]
-    manifest = ManifestJournal(manifest_path, utterances, {}, seed)
+    manifest = ManifestJournal(manifest_path, utterances, seed=seed)
     with contextlib.closing(previous):
         plan = plan_lines(utterances, settings, seed, identity, previous, out_dir, keep=manifest.keep)
     to_do = len(plan.pending) + sum(len(window) for window in plan.unread)
