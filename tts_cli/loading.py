@@ -26,8 +26,8 @@ def load_engine(settings: Settings, voice: Voice) -> tuple[Engine, Settings, Voi
     """The models of the resolved ``voice`` loaded into an engine on its
     device; the run's settings with the voice's sample rate and denoiser
     strength filled in where the run leaves them unset (what the WAVs and
-    the manifest read); and the voice, loaded: its name, sample rate and
-    denoiser strength its WaveGlow file's, else the reference's. The
+    the manifest read); and the voice, loaded (its name, sample rate and
+    denoiser strength: its WaveGlow file's, else the reference's). The
     engine's own notices (a model the fast path cannot serve, a denoiser
     that cannot act) are in ``engine.notices``."""
     device = _confirmed_device(voice.device, settings.device)
