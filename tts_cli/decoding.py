@@ -40,9 +40,10 @@ class DecodedBatch:
     cut: list[bool]            # ``truncated`` on the host
 
     def rows(self, part: slice) -> "DecodedBatch":
-        """The lines of ``part``, their mel as wide as the whole batch's."""
-        return DecodedBatch(self.jobs[part], self.mel[part], self.frames[part], self.truncated[part],
-                            self.counts[part], self.cut[part])
+        """The lines of ``part``, their mel as wide as their longest line."""
+        counts = self.counts[part]
+        return DecodedBatch(self.jobs[part], self.mel[part, :, :max(counts)], self.frames[part],
+                            self.truncated[part], counts, self.cut[part])
 
 
 # alignment_measures' measures that count symbols
