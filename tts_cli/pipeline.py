@@ -144,8 +144,9 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         on_notice(notice)
     # nothing to make and every row as the manifest holds it, in its order: no need to write it again
     manifest.on_disk = not to_do and in_order and plan.as_written == len(utterances)
-    batch_size = _batch_size(settings, identity)
-    share, checkpoint = _my_share(plan.pending, manifest, batch_size, identity["device"], together)
+    device = device_type(voice.device)
+    batch_size = settings.batch_size or BATCH_SIZES[device]
+    share, checkpoint = _my_share(plan.pending, manifest, batch_size, device, together)
     # the first window of lines to read is read while the models load
     with contextlib.closing(manifest), contextlib.closing(checkpoint), \
             contextlib.closing(WindowReader(plan.unread, settings, seed, identity)) as reader:
@@ -155,7 +156,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         _prepare_output(out_dir, settings, remove_temp_files=together.removes_temp_files)
         if (share.batches or plan.unread) and not stop.is_set():   # a signal during the checks: no need to load
             if engine is None:
-                if device_type(voice.device) == "cuda":
+                if device == "cuda":
                     open_cuda_early(voice.device)
                 from tts_cli.loading import load_engine
                 engine, voiced, voice = load_engine(settings, voice)
@@ -172,7 +173,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         try:
             together.take_over(manifest)
             if (share.batches or plan.unread) and not stop.is_set():
-                windows = _windows(share, reader, batch_size, identity["device"], manifest, checkpoint, together)
+                windows = _windows(share, reader, batch_size, device, manifest, checkpoint, together)
                 mine = len(share.lines) + (to_do - len(plan.pending)) // together.processes
                 _run_batches(engine, windows, mine, settings, writer, checkpoint, signals)
         finally:
@@ -270,11 +271,6 @@ def _windows(first: Share, reader: WindowReader, batch_size: int, device: str, m
         first.shared |= share.shared
         del pending
         yield share
-
-
-def _batch_size(settings: Settings, identity: dict) -> int:
-    """--batch-size, or the default for the device the run uses."""
-    return settings.batch_size or BATCH_SIZES[identity["device"]]
 
 
 def _my_share(pending: list[PendingLine], manifest: ManifestJournal, batch_size: int, device: str,
