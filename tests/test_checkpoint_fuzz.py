@@ -3,6 +3,7 @@ as a checkpoint either loads or is refused in one line naming it (exit
 status 2 from the command); never a traceback, never code it names run."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import random
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 import checkpoint_files as cf
 import hostile_files as hf
-from tiny_models import canonical, tiny_waveglow
+from tiny_models import WAVEGLOW_DIMS, canonical, tiny_tacotron2, tiny_waveglow
 from tts_cli.cli import main
 from tts_cli.config import Settings
 from tts_cli.engine import Engine
@@ -112,6 +113,29 @@ def test_a_waveglow_whose_1x1_convolution_cannot_be_inverted_is_refused(tmp_path
     result = the_command(tmp_path, tiny_checkpoints[0], path)
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert str(path) in result.output and "not invertible" in result.output
+
+
+@pytest.mark.parametrize("mismatch", ["a smaller symbol table", "mels of another size"])
+def test_two_files_that_cannot_make_speech_together_are_refused_before_any_line(tmp_path, tiny_checkpoints,
+                                                                               mismatch):
+    """Each file loads alone; together every line would fail, so the pair
+    is refused in one line (exit 2) naming both or the one at fault."""
+    tacotron2, waveglow = tiny_checkpoints
+    if mismatch == "a smaller symbol table":
+        tacotron2 = tmp_path / "tacotron2.pt"
+        sd = canonical(tiny_tacotron2(seed=4))
+        cf.write_nvidia_tacotron2(tacotron2, {**sd, "embedding.weight": sd["embedding.weight"][:20]})
+        expected = "holds 20 symbols, fewer than the 148"
+    else:
+        waveglow = tmp_path / "waveglow.pt"
+        torch.manual_seed(0)
+        narrow = WaveGlow(dataclasses.replace(WAVEGLOW_DIMS, n_mel=8))
+        cf.write_bare_state_dict(waveglow, canonical(narrow))
+        expected = f"makes mels of {WAVEGLOW_DIMS.n_mel} channels but {waveglow} takes 8"
+    result = the_command(tmp_path, tacotron2, waveglow)
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert expected in result.output and str(tacotron2) in result.output
+    assert not (tmp_path / "out" / "manifest.jsonl").exists()
 
 
 def test_dimensions_that_would_need_far_more_memory_than_the_file_are_refused_before_any_is_taken(

@@ -18,6 +18,7 @@ from tts_cli.config import REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, S
 from tts_cli.engine import Engine, precision_name, resolve_device, resolve_precision
 from tts_cli.errors import FatalError, first_line
 from tts_cli.tacotron2 import Tacotron2
+from tts_cli.text import SYMBOLS
 from tts_cli.voice import Voice, choose_voice, resolve_voice
 from tts_cli.waveglow import WaveGlow
 
@@ -112,8 +113,24 @@ def _load(voice: Voice) -> tuple[Tacotron2, WaveGlow, VoiceInfo]:
         waveglow_sd, own = load_waveglow(voice.waveglow)
     except CheckpointError as e:
         raise FatalError(str(e)) from None
-    return (_build(Tacotron2, tacotron2_sd, voice.tacotron2),
-            _build(WaveGlow, waveglow_sd, voice.waveglow), own)
+    tacotron2 = _build(Tacotron2, tacotron2_sd, voice.tacotron2)
+    waveglow = _build(WaveGlow, waveglow_sd, voice.waveglow)
+    _check_pair(tacotron2, waveglow, voice)
+    return tacotron2, waveglow, own
+
+
+def _check_pair(tacotron2: Tacotron2, waveglow: WaveGlow, voice: Voice) -> None:
+    """One line when the two models cannot make speech together, before
+    any line is tried: a Tacotron2 whose symbol table is smaller than the
+    text front end's (trained on another), or mels of another size than
+    the WaveGlow's (the files of two voices)."""
+    if tacotron2.dims.n_symbols < len(SYMBOLS):
+        raise FatalError(f"{voice.tacotron2}: its embedding holds {tacotron2.dims.n_symbols} symbols, fewer than "
+                         f"the {len(SYMBOLS)} of the text front end it must read (NVIDIA's); it was trained "
+                         f"with another symbol set, which tts-batch cannot write text in")
+    if tacotron2.dims.n_mel != waveglow.dims.n_mel:
+        raise FatalError(f"{voice.tacotron2} makes mels of {tacotron2.dims.n_mel} channels but {voice.waveglow} "
+                         f"takes {waveglow.dims.n_mel}: the files are of two voices; give a matching pair")
 
 
 def _build(model_class, state_dict, path: Path):
