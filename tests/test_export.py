@@ -2,6 +2,8 @@
 import gzip
 import importlib
 import json
+import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,19 @@ def test_each_format_holds_the_ok_lines_with_the_text_their_audio_speaks(made):
     assert all(line.endswith(".flac |") and " flac -c -d -s /" in line for line in kaldi["wav.scp"])
 
 
+def test_kaldi_finds_the_audio_under_a_folder_with_spaces(made, tmp_path):
+    """wav.scp splits a line at white space and runs a piped one in a
+    shell: a path with a space is quoted into the pipe."""
+    out = tmp_path / "my data" / "out"
+    shutil.copytree(made[0], out)
+    exported(out, "--to", "kaldi")
+    for line in (out / "kaldi" / "wav.scp").read_text().splitlines():
+        utterance, rxfilename = line.split(" ", 1)
+        command = shlex.split(rxfilename.removesuffix("|"))
+        assert command[:4] == ["flac", "-c", "-d", "-s"] and len(command) == 5
+        assert Path(command[4]).is_file() and Path(command[4]).stem == utterance
+
+
 def test_suspect_lines_go_in_only_when_asked(made):
     out, rows = made
     exported(out, "--to", "hf", "--include-suspect")
@@ -98,5 +113,7 @@ def test_mistakes_are_one_line(tmp_path, made):
     out, _ = made
     result = CliRunner().invoke(main, ["export", str(out), "--to", "hf,espnet"])
     assert result.exit_code == 2 and "unknown export espnet; use any of: hf, lhotse, kaldi" in result.output
+    result = CliRunner().invoke(main, ["export", str(out), "--to", ","])
+    assert result.exit_code == 2 and "no export named; use any of: hf, lhotse, kaldi" in result.output
     result = CliRunner().invoke(main, ["export", str(tmp_path)])
     assert result.exit_code == 2 and "no manifest.jsonl" in result.output

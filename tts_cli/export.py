@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,8 @@ SPEAKER = "tts"
 
 def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> dict[str, list[Path]]:
     """Write each of ``formats`` (EXPORTS) into ``out_dir``; the files each wrote."""
+    if not formats:
+        raise ValueError(f"no export named; use any of: {', '.join(EXPORTS)}")
     unknown = sorted(set(formats) - set(EXPORTS))
     if unknown:
         raise ValueError(f"unknown export {', '.join(unknown)}; use any of: {', '.join(EXPORTS)}")
@@ -70,13 +73,22 @@ def _kaldi(out_dir: Path, rows: list[dict]) -> list[Path]:
     sorted by utterance id as Kaldi requires; FLAC is decoded through a pipe."""
     folder = out_dir / "kaldi"
     audio = [str(out_dir / row["audio_filepath"]) for row in rows]
-    scp = [f"{row['id']} {path}" if path.endswith(".wav") else f"{row['id']} flac -c -d -s {path} |"
-           for row, path in zip(rows, audio)]
+    scp = [f"{row['id']} {_rxfilename(path)}" for row, path in zip(rows, audio)]
     files = {"wav.scp": scp,
              "text": [f"{row['id']} {row['normalized_text']}" for row in rows],
              "utt2spk": [f"{row['id']} {SPEAKER}" for row in rows],
              "spk2utt": [f"{SPEAKER} {' '.join(row['id'] for row in rows)}"] if rows else []}
     return [_write(folder / name, "".join(line + "\n" for line in lines).encode()) for name, lines in files.items()]
+
+
+def _rxfilename(path: str) -> str:
+    """How wav.scp names an audio file: a WAV by its path, unless the path
+    holds white space, which Kaldi would split it at; then, as a FLAC is,
+    through a shell pipe with the path quoted."""
+    if path.endswith(".wav") and not any(c.isspace() for c in path):
+        return path
+    command = "cat" if path.endswith(".wav") else "flac -c -d -s"
+    return f"{command} {shlex.quote(path)} |"
 
 
 def _write(path: Path, data: bytes) -> Path:
