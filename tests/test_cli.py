@@ -147,6 +147,9 @@ def test_usage_errors_exit_2(tmp_path):
     assert result.exit_code == 2 and "none.yaml" in result.output
     result = CliRunner().invoke(main, ["bench", "--batch-size", "0", "--device", "cpu"])
     assert result.exit_code == 2 and "--batch-size" in result.output
+    for device in ("gpu", "CPU", "cuda:x"):
+        result = CliRunner().invoke(main, ["bench", "--device", device])
+        assert result.exit_code == 2 and f"--device {device}: use cuda, cuda:N or cpu" in result.output
 
 
 def test_help_lists_the_options():

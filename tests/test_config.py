@@ -79,3 +79,37 @@ def test_every_synth_option_sets_the_settings_field_of_its_name():
         key = max(option.opts, key=len).removeprefix("--").replace("-", "_")
         assert key in FIELDS, option.opts
         assert option.name.rstrip("_") == key, option.opts   # format_: cli.py passes it on as format
+
+
+def test_a_whole_number_for_a_float_setting_is_that_float(tmp_path):
+    """`sigma: 1` in a recipe, sigma=1 in Python and --sigma 1 are one
+    setting, so one resume key: a re-run with any of them keeps the audio."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("sigma: 1\ndenoiser_strength: 0\n")
+    from_recipe, given = load_settings(str(recipe)), Settings(sigma=1.0, denoiser_strength=0.0)
+    assert from_recipe == given and type(from_recipe.sigma) is float and type(from_recipe.denoiser_strength) is float
+    with pytest.raises(ConfigError, match="batch_size must be int, got 3.0"):
+        Settings(batch_size=3.0)
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"sigma: 0.5\n\xff\n", "not UTF-8 text"),
+    (b"1: 2\n", "unknown key.* 1;"),
+])
+def test_a_recipe_of_odd_bytes_or_keys_is_one_line(tmp_path, data, message):
+    recipe = tmp_path / "odd.yaml"
+    recipe.write_bytes(data)
+    with pytest.raises(ConfigError, match=message) as e:
+        load_settings(str(recipe))
+    assert str(recipe) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_recipe_s_switch_can_be_turned_off_on_the_command_line(tmp_path):
+    from tts_cli.cli import synth
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("force: true\nquiet: true\nstrict: true\nprune: true\nsave_mels: true\n")
+    context = synth.make_context("synth", ["c.txt", "-o", "out", "--no-force", "--no-quiet", "--no-strict",
+                                           "--no-prune", "--no-save-mels"])
+    options = {k: v for k, v in context.params.items() if k not in ("corpus", "out_dir", "recipe", "format_")}
+    s = load_settings(str(recipe), options)
+    assert not (s.force or s.quiet or s.strict or s.prune or s.save_mels)

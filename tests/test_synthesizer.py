@@ -146,3 +146,40 @@ def test_the_dataset_options_work_through_synthesize_to_dir(tiny_checkpoints, tm
         info = sf.info(tmp_path / "out" / row["audio_filepath"])
         assert (info.format, info.samplerate, info.frames) == ("FLAC", 16000, row["num_samples"])
     assert {Path(row["audio_filepath"]).parent.name for row in made} == {"00000", "00001", "00002"}
+
+
+def test_an_option_of_the_wrong_name_or_type_is_one_line(tmp_path, tiny, tiny_checkpoints):
+    """A misspelt or mistyped option fails at once, in one line naming it,
+    not later in the middle of the models or as a traceback."""
+    for options, message in [({"sgima": 0.5}, "unknown setting.* sgima"), ({"sigma": "0.5"}, "sigma must be float"),
+                             ({"batch_size": 2.5}, "batch_size must be int"),
+                             ({"check_alignment": "no"}, "check_alignment must be bool")]:
+        with pytest.raises(ConfigError, match=message) as e:
+            Synthesizer.load(*tiny_checkpoints, **SAME, **options)
+        assert "\n" not in str(e.value) and "--" not in str(e.value), "a Python caller gave no flag"
+    with pytest.raises(ConfigError, match="unknown setting.* recipe"):
+        tiny.synthesize_to_dir(TEXTS, tmp_path / "out", recipe="ljspeech")
+    with pytest.raises(ConfigError, match="seed must be int"):
+        tiny.synthesize(TEXTS, seed="1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_string_is_refused_rather_than_spoken_a_letter_at_a_time(tiny, tmp_path):
+    with pytest.raises(TypeError, match="list of strings"):
+        tiny.synthesize("Hello there.")
+    with pytest.raises(TypeError, match="text 1: a string, not NoneType"):
+        tiny.synthesize(["Fine.", None])
+    with pytest.raises(TypeError, match="text 1: a string, not int"):
+        tiny.synthesize_to_dir(["Fine.", 3], tmp_path / "out")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(FatalError, match="a-file: is a file; give a directory"):
+        tiny.synthesize_to_dir(["Fine."], tmp_path / "a-file")
+
+
+def test_a_seed_given_to_load_is_the_one_synthesize_uses(tiny_checkpoints, tiny):
+    seeded = Synthesizer.load(*tiny_checkpoints, seed=4, **SAME)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the tiny voice's lines are suspect
+        [first], [again] = seeded.synthesize(["Hello there."]), seeded.synthesize(["Hello there."])
+        [four], [five] = tiny.synthesize(["Hello there."], seed=4), tiny.synthesize(["Hello there."], seed=5)
+    assert np.array_equal(first, again) and np.array_equal(first, four) and not np.array_equal(four, five)

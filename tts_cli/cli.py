@@ -119,7 +119,7 @@ def _others_working() -> bool:
               help=f"Sample format (float32: WAV only). {default_help('sample_format')}")
 @click.option("--audio-format", type=click.Choice(AUDIO_FORMATS),
               help=f"Audio file format, wavs/<id>.wav or .flac. {default_help('audio_format')}")
-@click.option("--save-mels", is_flag=True, default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")
+@click.option("--save-mels/--no-save-mels", default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")
 @click.option("--layout", type=click.Choice(LAYOUTS),
               help="files: one audio file a line in wavs/; webdataset: each line's audio and row in tar "
                    f"shards of about 1 GB in shards/, as WebDataset reads them. {default_help('layout')}")
@@ -153,15 +153,15 @@ def _others_working() -> bool:
               help=f"Most symbols left unread when the gate fires. {default_help('end_margin')}")
 @click.option("--max-frames-per-symbol", type=click.FloatRange(min=0, min_open=True),
               help=f"Most mel frames per input symbol. {default_help('max_frames_per_symbol')}")
-@click.option("--strict", is_flag=True, default=None,
+@click.option("--strict/--no-strict", default=None,
               help="Exit 1 when a line is suspect or truncated, as when one fails (for jobs that must not "
                    "publish bad audio).")
-@click.option("--force", is_flag=True, default=None,
+@click.option("--force/--no-force", default=None,
               help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
-@click.option("--prune", is_flag=True, default=None,
+@click.option("--prune/--no-prune", default=None,
               help="Remove the WAVs and mels in OUT that no manifest row names (left by an earlier corpus); "
                    "without it the run counts them in one line.")
-@click.option("-q", "--quiet", is_flag=True, default=None,
+@click.option("-q", "--quiet/--no-quiet", default=None,
               help="No progress bar, summary or notices; what changes the output (the demo voice standing in, a "
                    "corpus that looks misread) and a run that fails still say so in one line.")
 def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **options):
@@ -197,7 +197,7 @@ def _checked(corpus: Path, out_dir: Path, recipe: str, format_: str | None, opti
     imported, so a mistake is reported at once."""
     from tts_cli.corpus import STDIN, CorpusError, format_hint, read_corpus
     from tts_cli.errors import FatalError
-    from tts_cli.synthesizer import check_files
+    from tts_cli.synthesizer import check_files, check_output
 
     try:
         settings = load_settings(recipe, {"format": format_, **options})
@@ -205,10 +205,9 @@ def _checked(corpus: Path, out_dir: Path, recipe: str, format_: str | None, opti
         fatal(str(e))
     try:
         check_files(settings)
+        check_output(out_dir)
     except FatalError as e:
         fatal(str(e))
-    if out_dir.exists() and not out_dir.is_dir():
-        fatal(f"-o {out_dir}: is a file; give a directory for the WAVs and the manifest")
     if str(corpus) == STDIN and _under_torchrun():
         fatal("a corpus on standard input cannot be shared by torchrun's processes; save it to a file "
               "and pass its path")

@@ -7,6 +7,7 @@ keys and out-of-range values are errors that name the recipe file.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -103,8 +104,27 @@ class Settings:
     quiet: bool = False                 # no progress bar or summary
 
     def __post_init__(self):
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, _typed(field, getattr(self, field.name)))
         for setting, problem in _problems(self):
             raise ConfigError(problem, setting)
+
+
+# A field's declared type (its annotation's first name) -> the values it takes.
+_KINDS = {"int": numbers.Integral, "float": numbers.Real, "bool": bool, "str": str}
+
+
+def _typed(field: dataclasses.Field, value: Any) -> Any:
+    """``value`` as the field's type: an int or numpy number given for a
+    float field becomes a float (so ``sigma: 1`` in a recipe, ``sigma=1``
+    in Python and ``--sigma 1`` make the same resume key); a value of
+    another type is a ConfigError."""
+    kind = field.type.split(" |")[0]
+    if value is None and "None" in field.type:
+        return value
+    if isinstance(value, bool) and kind != "bool" or not isinstance(value, _KINDS[kind]):
+        raise ConfigError(f"{field.name} must be {kind}, got {value!r}", field.name)
+    return {"int": int, "float": float}.get(kind, lambda v: v)(value)
 
 
 def _problems(s: Settings) -> list[tuple[str, str]]:
@@ -159,7 +179,7 @@ UNSET_MEANS = {
     "sample_rate": f"the voice's own; {REFERENCE_SAMPLE_RATE} for NVIDIA's",
     "denoiser_strength": f"the voice's own; {REFERENCE_DENOISER_STRENGTH} for NVIDIA's, as the reference; "
                          "0 for the demo voice",
-    "seed": "random, recorded in the manifest",
+    "seed": "the one the output's manifest records, else a random one (recorded there)",
     "batch_size": f"{BATCH_SIZES['cuda']} on a GPU, {BATCH_SIZES['cpu']} on CPU",
     "device": "cuda when the machine shows a GPU and torch was built for one",
     "precision": "fp16 on CUDA, fp32 on CPU",
@@ -191,11 +211,25 @@ def recipe_text(name_or_path: str) -> tuple[str, str]:
     if not path.is_file():
         raise ConfigError(f"recipe {name_or_path!r}: no such built-in recipe "
                           f"({', '.join(builtin_recipes())}) or file")
-    return str(path), path.read_text(encoding="utf-8")
+    try:
+        return str(path), path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"recipe {path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"recipe {path}: cannot be read ({e.strerror})") from None
 
 
-def load_settings(recipe: str = DEFAULT_RECIPE, overrides: dict[str, Any] | None = None) -> Settings:
-    """The recipe's settings with ``overrides`` (None values ignored) on top."""
+def as_flag(setting: str) -> str:
+    """A setting's command-line option: ``batch_size`` -> ``--batch-size``."""
+    return f"--{setting.replace('_', '-')}"
+
+
+def load_settings(recipe: str = DEFAULT_RECIPE, overrides: dict[str, Any] | None = None,
+                  spelled=as_flag) -> Settings:
+    """The recipe's settings with ``overrides`` (None values ignored) on
+    top. A bad override's message starts with the option as ``spelled``
+    writes it (the command's, by default); ``spelled=None``: the message
+    alone, which names the setting (a Python caller's keyword)."""
     where, text = recipe_text(recipe)
     try:
         values = yaml.safe_load(text) or {}
@@ -203,30 +237,25 @@ def load_settings(recipe: str = DEFAULT_RECIPE, overrides: dict[str, Any] | None
         raise ConfigError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: a recipe is a mapping of setting: value")
-    unknown = sorted(set(values) - set(FIELDS))
+    unknown = sorted(map(str, set(values) - set(FIELDS)))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; "
                           f"known: {', '.join(FIELDS)}")
-    for key, value in values.items():
-        _check_type(where, key, value)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    values.update(given)
+    check_names(given)
     try:
-        return Settings(**values)
+        return Settings(**{**values, **given})
     except ConfigError as e:
-        if e.setting in given:   # an option: name it as typed
-            raise ConfigError(f"--{e.setting.replace('_', '-')}: {e}", e.setting) from None
+        if e.setting in given:
+            raise ConfigError(f"{spelled(e.setting)}: {e}" if spelled else str(e), e.setting) from None
         raise ConfigError(f"{where}: {e}", e.setting) from None
 
 
-def _check_type(where: str, key: str, value: Any) -> None:
-    kind = FIELDS[key].type
-    expected = {"int": int, "float": (int, float), "bool": bool, "str": str}
-    base = kind.split(" |")[0]
-    if value is None and "None" in kind:
-        return
-    if isinstance(value, bool) and base != "bool" or not isinstance(value, expected[base]):
-        raise ConfigError(f"{where}: {key} must be {base}, got {value!r}")
+def check_names(options: dict[str, Any]) -> None:
+    """A ConfigError naming the options that are no setting's name."""
+    unknown = sorted(set(options) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
 
 
 # Settings that do not change a line's audio, and why; every other setting

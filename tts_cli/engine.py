@@ -16,7 +16,7 @@ import dataclasses
 import torch
 
 from tts_cli import kernels
-from tts_cli.config import REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
+from tts_cli.config import DEVICE_NAME, REFERENCE_DENOISER_STRENGTH, WAVEGLOW_MEMORY_SHARE, Settings
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.decoding import Decoding, Job, Measured, measured
 from tts_cli.devices import available_ram, expected_precision, on_its_device
@@ -37,13 +37,13 @@ def resolve_device(name: str | None) -> torch.device:
     """``cuda``, ``cuda:N`` or ``cpu``; None picks CUDA when there is one."""
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not DEVICE_NAME.fullmatch(name):
+        raise ValueError(f"--device {name}: use cuda, cuda:N or cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: no CUDA device is available here; use --device cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
-    if device.type not in ("cuda", "cpu"):
-        raise ValueError(f"--device {name}: use cuda, cuda:N or cpu")
     return device
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tts_cli.config import BATCH_SIZES, DEFAULT_RECIPE, MODEL_SETTINGS, SHORTEST_FIRST, Settings, load_settings
+from tts_cli.config import (BATCH_SIZES, DEFAULT_RECIPE, MODEL_SETTINGS, SHORTEST_FIRST, Settings, check_names,
+                            load_settings)
 from tts_cli.corpus import Utterance, read_corpus, utterances_from_texts
 from tts_cli.errors import FatalError
 from tts_cli.resume import run_seed as run_seed_of
@@ -54,7 +55,7 @@ class Synthesizer:
         file ``errors.FatalError``, each one line naming what is wrong."""
         paths = {"tacotron2": tacotron2, "waveglow": waveglow}
         settings = load_settings(recipe, {**{k: os.fspath(v) if v is not None else None for k, v in paths.items()},
-                                          "device": device, "precision": precision, **options})
+                                          "device": device, "precision": precision, **options}, spelled=None)
         check_files(settings)
         synthesizer = cls(settings)
         synthesizer.engine   # loads
@@ -101,7 +102,8 @@ class Synthesizer:
 
     def synthesize(self, texts: Iterable[str], seed: int | None = None) -> list[np.ndarray]:
         """One float32 array per text (mono, ``sample_rate``), in the order
-        given. A text with nothing to say gives an empty array; one the text
+        given; ``seed`` None: the one given to ``load``, else a new draw.
+        A text with nothing to say gives an empty array; one the text
         front end cannot read (a number too large to speak) raises
         ValueError naming it before anything is synthesized. A text whose
         audio is suspect or truncated comes back with a warning saying why,
@@ -110,8 +112,9 @@ class Synthesizer:
         from tts_cli.writing import failure_reason, joined_audio, verdict
         from tts_cli.planning import batch_plan, prepare_line
 
-        utterances = utterances_from_texts(list(texts))
-        run_seed, _ = run_seed_of(dataclasses.replace(self.settings, seed=seed), {})   # the command's draw
+        utterances = utterances_from_texts(_texts(texts))
+        seeded = self.settings if seed is None else dataclasses.replace(self.settings, seed=seed)
+        run_seed, _ = run_seed_of(seeded, {})   # the command's draw
         rows = {}
         pending = [prepare_line(u, run_seed, rows, self.settings) for u in utterances]
         for u in utterances:
@@ -157,17 +160,38 @@ class Synthesizer:
         group (``pipeline.synthesize_corpus``)."""
         from tts_cli.pipeline import synthesize_corpus
 
+        check_names(options)
         fixed = sorted(set(options) & MODEL_SETTINGS)
         if fixed and self._engine is not None:
             raise ValueError(f"{', '.join(fixed)}: fixed when the models load; pass to Synthesizer.load")
         settings = dataclasses.replace(self.settings, **options)
+        check_output(out_dir)
         if isinstance(corpus_or_texts, (str, os.PathLike)):
             utterances = read_corpus(corpus_or_texts, settings.format)
         else:
             given = list(corpus_or_texts)
-            utterances = given if all(isinstance(u, Utterance) for u in given) else utterances_from_texts(given)
+            utterances = (given if given and all(isinstance(u, Utterance) for u in given)
+                          else utterances_from_texts(_texts(given)))
         return synthesize_corpus(settings, utterances, Path(out_dir), on_notice=on_notice or (lambda line: None),
                                  engine=self._engine, group=group, signals=signals, voice=self._voice)
+
+
+def _texts(texts: Iterable[str]) -> list[str]:
+    """``texts`` as a list, or a TypeError for one string (which would be
+    spoken a character at a time) or an item that is no string."""
+    if isinstance(texts, str):
+        raise TypeError("texts: give a list of strings (one string would be read as one text per character)")
+    texts = list(texts)
+    for n, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"text {n}: a string, not {type(text).__name__}")
+    return texts
+
+
+def check_output(out_dir: str | os.PathLike) -> None:
+    """One line for an output directory that is a file, before anything runs."""
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise FatalError(f"-o {out_dir}: is a file; give a directory for the WAVs and the manifest")
 
 
 def check_files(settings: Settings) -> None:
