@@ -696,3 +696,31 @@ def test_a_stopped_torchrun_jobs_partial_manifests_are_read_without_a_manifest(t
     write_manifest(tmp_path / "manifest.rank-0-of-2.jsonl", [ManifestRow(**row)])
     write_manifest(tmp_path / "manifest.rank-1-of-2.jsonl", [ManifestRow(**{**row, "id": "b", "line": 2})])
     assert sorted(previous_rows(tmp_path)) == ["a", "b"]
+
+
+def test_an_empty_corpus_over_a_manifest_with_rows_is_refused_and_the_manifest_kept(tmp_path, tiny_checkpoints):
+    """A cron job whose fetch failed pipes nothing in: the run says so,
+    exit 2, and the manifest (and every line it vouches for) stays."""
+    out = tmp_path / "out"
+    assert synth(write(tmp_path, LINES[:2]), out, tiny_checkpoints).exit_code == 0
+    before = (out / "manifest.jsonl").read_bytes()
+    tacotron2, waveglow = tiny_checkpoints
+    args = ["-", "-o", str(out), "--tacotron2", str(tacotron2), "--waveglow", str(waveglow), "--device", "cpu"]
+    empty = CliRunner().invoke(main, [*args, "-q"], input="")
+    assert empty.exit_code == 2 and empty.output.count("\n") == 1, empty.output
+    assert "the corpus has no lines" in empty.output and "holds 2 rows" in empty.output
+    assert (out / "manifest.jsonl").read_bytes() == before
+    forced = CliRunner().invoke(main, [*args, "-q", "--force"], input="")
+    assert forced.exit_code == 0 and (out / "manifest.jsonl").read_bytes() == b""
+
+
+def test_a_row_whose_field_has_the_wrong_type_is_one_line_naming_it(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    corpus = write(tmp_path, LINES[:2])
+    assert synth(corpus, out, tiny_checkpoints).exit_code == 0
+    lines = (out / "manifest.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[1] = re.sub(r'"duration": [0-9.]+', '"duration": "2.5"', lines[1])
+    (out / "manifest.jsonl").write_text("".join(lines), encoding="utf-8")
+    result = synth(corpus, out, tiny_checkpoints)
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "manifest.jsonl:2: duration is '2.5', not float or int" in result.output

@@ -3,6 +3,7 @@ formats.TAR_SHARD_BYTES, written under a temporary name and renamed when
 whole; a re-run keeps what the finished shards hold and makes the rest."""
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -101,7 +102,65 @@ def test_a_shard_whose_write_fails_is_dropped_whole_and_the_next_line_starts_ano
         shards.add("b", lambda shard: ([("wav", b"y")], shard))
     assert list((tmp_path / "shards").iterdir()) == [], "the half-written shard is gone, under any name"
     monkeypatch.setattr(tarfile.TarFile, "addfile", real)
+    assert shards.take_whole() == [], "a's shard was lost: its row is not handed on"
     assert shards.add("c", lambda shard: ([("wav", b"z")], shard)) == "shards/shard-000001.tar"
+    assert shards.take_whole() == [], "c's shard is not whole yet"
     shards.close()
+    assert shards.take_whole() == ["shards/shard-000001.tar"]
     with tarfile.open(tmp_path / "shards" / "shard-000001.tar") as tar:
         assert tar.getnames() == ["c.wav"]
+
+
+@pytest.mark.parametrize("fails", ["while a line goes in", "as the shard is finished"])
+def test_a_shard_that_cannot_be_written_leaves_its_lines_pending_and_the_next_run_makes_them(
+        tmp_path, tiny_checkpoints, monkeypatch, fails):
+    """A full disk mid-shard, or at its last bytes: one line and exit 2,
+    no row names audio that is not on disk, and the same command again
+    finishes the job."""
+    corpus, out = write(tmp_path / "c.txt", LINES), tmp_path / "out"
+    calls = []
+
+    def full_disk(real):
+        def failing(self, *args, **kwargs):
+            calls.append(1)
+            if fails == "as the shard is finished" or len(calls) >= 5:
+                raise OSError(28, "No space left on device")
+            return real(self, *args, **kwargs)
+        return failing
+    name = "addfile" if fails == "while a line goes in" else "close"
+    monkeypatch.setattr(tarfile.TarFile, name, full_disk(getattr(tarfile.TarFile, name)))
+    failed = run([corpus, "-o", out], tiny_checkpoints)
+    monkeypatch.undo()
+    assert failed.exit_code == 2, failed.output
+    last = failed.output.splitlines()[-1]
+    assert "Traceback" not in failed.output and re.search(r"shard-00000\d\.tar: No space left on device", last)
+    assert list((out / "shards").glob("*")) == [], "no shard is left, whole or not, and no temporary file"
+    assert {row["status"] for row in manifest(out)} == {"pending"}
+    assert all(row["audio_filepath"] is None for row in manifest(out))
+    again = run([corpus, "-o", out], tiny_checkpoints)
+    assert again.exit_code == 0, again.output
+    found = shards(out)
+    for row in manifest(out):
+        shard, member = row["audio_filepath"].split("/")[1:]
+        assert row["status"] == "ok" and member in found[shard]
+
+
+def test_a_run_that_fails_before_its_first_shard_leaves_no_folder(tmp_path, tiny_checkpoints):
+    tacotron2, waveglow = tiny_checkpoints
+    damaged = tmp_path / "waveglow.pt"
+    damaged.write_bytes(waveglow.read_bytes()[:4000])
+    out = tmp_path / "out"
+    result = run([write(tmp_path / "c.txt", LINES), "-o", out], (tacotron2, damaged))
+    assert result.exit_code == 2 and str(damaged) in result.output
+    assert not out.exists()
+
+
+def test_ids_that_would_be_one_key_in_a_shard_stop_before_any_work(tmp_path, tiny_checkpoints):
+    corpus = tmp_path / "c.psv"
+    corpus.write_text("a.b|Hello.\nc|Fine.\na_b|World.\n")
+    result = run([corpus, "-o", tmp_path / "out", "--format", "ljspeech"], tiny_checkpoints)
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "lines 1 and 3: ids 'a.b' and 'a_b' are one key in a tar shard" in result.output
+    assert not (tmp_path / "out").exists()
+    apart = run_in_files([corpus, "-o", tmp_path / "files", "--format", "ljspeech"], tiny_checkpoints)
+    assert apart.exit_code == 0, "in wavs/ they are two files"

@@ -24,6 +24,8 @@ FLAC_SAMPLE_FORMATS = ("pcm16", "pcm24")
 # Where a line's files go: "files", one file each in wavs/ (and mels/); or
 # "webdataset", the line's members in tar shards in shards/ (tarshards.py).
 LAYOUTS = ("files", "webdataset")
+# The webdataset layout's folder in the output directory.
+SHARDS = "shards"
 # A webdataset shard is finished once it holds this many bytes or more.
 TAR_SHARD_BYTES = 10 ** 9
 

@@ -254,7 +254,24 @@ def _parse_row(raw: bytes, name: str, number: int) -> dict[str, Any]:
         raise ValueError(f"{where}: missing keys {', '.join(missing)}; this is not a tts-batch manifest row")
     if record["status"] not in STATUSES:
         raise ValueError(f"{where}: unknown status {record['status']!r}; expected one of: {', '.join(STATUSES)}")
+    get = record.get
+    for key, kinds in _KINDS:
+        if type(get(key)) not in kinds:
+            raise ValueError(f"{where}: {key} is {get(key)!r}, not {' or '.join(k.__name__ for k in kinds)}; "
+                             f"the manifest is damaged")
     return record
+
+
+# What each field's value may be, in a row as read (an optional field may be
+# absent: None): a row that holds another is damaged, and would fail later,
+# far from where it was read.
+def _kinds(field: dataclasses.Field) -> tuple[type, ...]:
+    kinds = {"str": (str,), "int": (int,), "float": (float, int), "dict": (dict,)}[field.type.split(" |")[0]]
+    optional = "None" in field.type or field.default is not dataclasses.MISSING
+    return (*kinds, type(None)) if optional else kinds
+
+
+_KINDS = tuple((field.name, _kinds(field)) for field in dataclasses.fields(ManifestRow))
 
 
 def _reject_constant(constant: str) -> Any:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tts_cli.errors import FatalError, cannot_write
+from tts_cli.formats import SHARDS
 
 if TYPE_CHECKING:   # torch.distributed; imported only under torchrun
     from tts_cli.distributed import Group
@@ -51,7 +52,8 @@ def held(out_dir: Path, group: Group | None = None) -> Iterator[None]:
     directory cannot be made."""
     lock, problem = None, None
     first = group is None or group.rank == 0
-    new_folders = [d for d in (out_dir / "mels", out_dir / "wavs", out_dir) if not d.exists()] if first else []
+    new_folders = ([d for d in (out_dir / "mels", out_dir / "wavs", out_dir / SHARDS, out_dir) if not d.exists()]
+                   if first else [])
     if first:
         try:
             lock = _acquire(out_dir)

@@ -29,7 +29,7 @@ from tts_cli.devices import device_type, open_cuda_early
 from tts_cli.errors import FatalError, OutputError, OutputNotice, cannot_write
 from tts_cli.planning import PendingLine, WindowReader, batch_plan, collector_paused, plan_lines
 from tts_cli.journal import ManifestJournal
-from tts_cli.tarshards import ONE_PROCESS, SHARDS
+from tts_cli.tarshards import ONE_PROCESS, SHARDS, clashing_keys
 from tts_cli.writing import LineWriter
 from tts_cli.manifest import plural
 from tts_cli.signals import StopOnSignals
@@ -120,9 +120,15 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     is this run's."""
     if settings.layout == "webdataset" and together.processes > 1:
         raise FatalError(ONE_PROCESS)
+    if settings.layout == "webdataset" and (clash := clashing_keys(utterances)):
+        raise FatalError(clash)
     manifest_path = out_dir / resume.MANIFEST_NAME
     with collector_paused():
         previous = resume.EarlierRows() if settings.force else resume.previous_rows(out_dir)
+    if not utterances and len(previous):   # an empty stdin from a fetch that failed, most likely
+        previous.close()
+        raise FatalError(f"the corpus has no lines, and {manifest_path} holds {plural(len(previous), 'row')} that a "
+                         f"run over it would drop; give the corpus, or pass --force to empty the manifest")
     seed, seed_source = resume.run_seed(settings, previous)
     seed = together.agree_on_seed(seed)
     if engine is not None and voice is None:   # the bench's: no files behind it
@@ -143,7 +149,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     for notice in notices:
         on_notice(notice)
     # nothing to make and every row as the manifest holds it, in its order: no need to write it again
-    manifest.on_disk = not to_do and in_order and plan.as_written == len(utterances)
+    manifest.on_disk = not to_do and in_order and plan.as_written == len(utterances) and not settings.force
     device = device_type(voice.device)
     batch_size = settings.batch_size or BATCH_SIZES[device]
     share, checkpoint = _my_share(plan.pending, manifest, batch_size, device, together)
@@ -178,7 +184,9 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                 _run_batches(engine, windows, mine, settings, writer, checkpoint, signals)
         finally:
             try:
-                writer.close()   # the last shard gets its name before the rows naming it are saved
+                checkpoint.record_all(writer.close())   # the last shard's rows, once it has its name
+            except OSError as e:
+                raise OutputError(cannot_write(out_dir, e)) from None
             finally:
                 checkpoint.save(final=True)
         together.finish(manifest, checkpoint, share, writer, signals)
@@ -355,15 +363,15 @@ def _run_window(engine: Engine, share: Share, writer: "LineWriter", checkpoint: 
             del made
             writes = ([(p, pool.submit(writer.write, p)) for p in done]
                       + [(None, pool.submit(writer.write_piece, p, i)) for p, i in handed])
-            seconds = 0.0
+            rows = []
             for p, future in writes:
                 try:
                     row = future.result()
                     if p is not None:
-                        checkpoint.record(row)
-                        seconds += row.duration
+                        rows.append(row)
                 except OSError as e:
                     failure = failure or e
+            checkpoint.record_all(writer.whole(rows))
             # Written (or failed): let go of the audio. On CUDA each batch's
             # audio is one pinned host block; kept to the end of the run,
             # 2,000 lines held 33 of them and none could be reused.
@@ -371,7 +379,7 @@ def _run_window(engine: Engine, share: Share, writer: "LineWriter", checkpoint: 
                 p.results.clear()
             for p, i in handed:
                 p.results[i] = None
-            progress.update(len(done), seconds)
+            progress.update(len(done), sum(row.duration for row in rows))
             if failure is not None:
                 break
             checkpoint.save()

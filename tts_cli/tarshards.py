@@ -5,10 +5,12 @@ Each line is a group of members sharing a key, as WebDataset reads them:
 ``--save-mels``, ``<key>.npy``. A shard is written under a hidden temporary
 name and renamed ``shard-000000.tar``, ``shard-000001.tar``, ... once it
 holds about ``TAR_SHARD_BYTES`` or the run ends, so a shard that exists is
-whole. A run killed mid-shard leaves only a temporary file (removed by the
-next run) and rows that point into a shard that is not there, which that
-run makes again. A later run starts a new shard; it never appends to a
-finished one.
+whole. Its lines' rows are handed to the manifest only then
+(``TarShards.take_whole``): until their shard is whole its lines stay
+pending, so a run that fails to write a shard, or is killed mid-shard,
+leaves no row naming audio that is not there (a killed run's temporary
+file is removed by the next run, which makes those lines again). A later
+run starts a new shard; it never appends to a finished one.
 
 The key is the line's id, with any "." written "_": WebDataset takes the
 key to end at a member name's first dot.
@@ -21,12 +23,15 @@ import os
 import re
 import tarfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 
 from tts_cli.audio import WriteError, atomic_write
+from tts_cli.formats import SHARDS
 
-SHARDS = "shards"
+if TYPE_CHECKING:
+    from tts_cli.corpus import Utterance
 ONE_PROCESS = ("--layout webdataset writes its tar shards from one process; run it without torchrun, "
                "or use the files layout")
 T = TypeVar("T")
@@ -36,6 +41,20 @@ _MEMBER_PATH = re.compile(rf"{SHARDS}/(shard-[0-9]{{6,}}\.tar)/([^/]+)")
 
 def key_of(line_id: str) -> str:
     return line_id.replace(".", "_")
+
+
+def clashing_keys(utterances: Iterable[Utterance]) -> str | None:
+    """One line naming the first two lines whose ids are one key in a shard
+    (``a.b`` and ``a_b``; ids that differ in case only the corpus refused
+    already), else None."""
+    seen: dict[str, Utterance] = {}
+    for u in utterances:
+        earlier = seen.setdefault(key_of(u.id).casefold(), u)
+        if earlier is not u:
+            return (f"corpus lines {earlier.line} and {u.line}: ids {earlier.id!r} and {u.id!r} are one key in a "
+                    f"tar shard ({key_of(u.id)!r}; WebDataset ends a key at its first '.'); rename one, or use "
+                    f"--layout files")
+    return None
 
 
 def shard_of(path: str) -> str | None:
@@ -68,9 +87,10 @@ def _index(shard: Path, size: int, mtime_ns: int) -> dict[str, int]:
         return {}
 
 
-class TarShards:
+class TarShards(Generic[T]):
     """Appends lines to shards of about ``limit`` bytes; safe to call from
-    the writer threads (one line at a time goes in)."""
+    the writer threads (one line at a time goes in). What each line's
+    ``make`` returned (its row) is held until its shard is whole."""
 
     def __init__(self, out_dir: Path, limit: int):
         self.folder, self.limit = out_dir / SHARDS, limit
@@ -80,12 +100,15 @@ class TarShards:
         self._next = 1 + max((int(p.name[6:-4]) for p in self.folder.glob("shard-*.tar")
                               if p.name[6:-4].isdigit()), default=-1)
         self._name = ""
+        self._in_open: list[T] = []   # the open shard's lines
+        self._whole: list[T] = []     # lines of shards finished since take_whole
 
     def add(self, key: str, make: Callable[[str], tuple[list[tuple[str, bytes]], T]]) -> T:
         """Put one line in the open shard: ``make(shard)`` gives its members'
         (extension, bytes) pairs, knowing the shard they go in
         (``shards/shard-000003.tar``), and what ``add`` returns. A write that
-        fails abandons the shard (its lines are made again by the next run)."""
+        fails abandons the shard and the lines in it (made again by the
+        next run)."""
         with self._lock:
             if self._tar is None:
                 self._open()
@@ -99,9 +122,17 @@ class TarShards:
             except OSError as e:
                 self._abandon(e)
                 raise WriteError(e.errno, e.strerror or str(e), os.fspath(self.folder / self._name)) from e
+            self._in_open.append(made)
             if self._file.tell() >= self.limit:
                 self._finish()
             return made
+
+    def take_whole(self) -> list[T]:
+        """What ``add`` returned for the lines whose shard has been finished
+        (renamed) since the last call."""
+        with self._lock:
+            whole, self._whole = self._whole, []
+            return whole
 
     def close(self) -> None:
         """Finish the open shard, if any: it gets its final name."""
@@ -123,13 +154,19 @@ class TarShards:
             tar.close()
             self._file.close()
         except OSError as e:
-            self._writing.__exit__(type(e), e, e.__traceback__)
+            self._abandon(e)
             raise WriteError(e.errno, e.strerror or str(e), os.fspath(self.folder / self._name)) from e
-        self._writing.__exit__(None, None, None)
+        try:
+            self._writing.__exit__(None, None, None)
+        except OSError:
+            self._in_open = []
+            raise
+        self._whole += self._in_open
+        self._in_open = []
 
     def _abandon(self, error: BaseException) -> None:
-        """Drop the open shard: its temporary file goes."""
-        self._tar = None
+        """Drop the open shard: its temporary file goes, and its lines."""
+        self._tar, self._in_open = None, []
         try:
             self._file.close()
         except OSError:

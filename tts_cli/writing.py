@@ -39,10 +39,20 @@ class LineWriter:
         self.run_seed, self.model_rate = run_seed, model_rate
         self.shards = TarShards(out_dir, formats.TAR_SHARD_BYTES) if settings.layout == "webdataset" else None
 
-    def close(self) -> None:
-        """Finish what is open (the webdataset layout's last shard)."""
-        if self.shards is not None:
-            self.shards.close()
+    def whole(self, rows: list[ManifestRow]) -> list[ManifestRow]:
+        """Of the rows ``write`` gave (and any it held back before), those
+        whose files are whole now, for the manifest: all of them in the
+        files layout; in the webdataset layout those of the shards finished
+        since, a shard's rows held until it has its final name."""
+        return rows if self.shards is None else self.shards.take_whole()
+
+    def close(self) -> list[ManifestRow]:
+        """Finish what is open (the webdataset layout's last shard): the
+        rows held back for it, or a WriteError, and its lines stay pending."""
+        if self.shards is None:
+            return []
+        self.shards.close()
+        return self.shards.take_whole()
 
     def write(self, p: PendingLine) -> ManifestRow:
         u, s = p.utterance, self.settings
