@@ -253,3 +253,48 @@ def test_an_out_of_memory_attempt_lets_go_of_its_tensors_before_the_halves_are_t
     assert [[j.seed for j in jobs] for jobs, _ in errors] == [[2]]
     assert alive_at_retry == [0] * attempts
     assert errors[0][1].__traceback__ is None and not any(ref() is not None for ref in made)
+
+
+def test_a_batch_made_before_the_waveglow_stage_fails_still_comes_out(monkeypatch):
+    """A bug in WaveGlow's stage at batch 1: batch 0, whose audio was made,
+    comes out before the error, as it does when the decoder's stage fails."""
+    engine, launches = make_engine(SHORT), []
+    launch = Engine._vocode_launch
+
+    def launching(self, jobs, *rest):
+        launches.append(jobs)
+        if len(launches) == 2:
+            raise ValueError("a bug in WaveGlow's stage")
+        return launch(self, jobs, *rest)
+
+    monkeypatch.setattr(Engine, "_vocode_launch", launching)
+    batches, received = short_batches(3), []
+    with pytest.raises(ValueError, match="a bug in WaveGlow's stage"):
+        for jobs, results in engine.synthesize_all(batches):
+            received.append(jobs)
+            assert not isinstance(results, Exception)
+    assert received == batches[:1]
+    assert not engine_threads()
+
+
+def test_a_ctrl_c_while_the_threads_are_joined_waits_for_them_then_is_raised(monkeypatch):
+    """A Python caller's second Ctrl-C arrives while the run joins its
+    threads: they are still joined (a thread left running torch code as
+    the interpreter exits aborts the process), then the interrupt is raised."""
+    engine, joins = make_engine(SHORT), []
+    join = threading.Thread.join
+
+    def interrupted_join(self, timeout=None):
+        joins.append(self.name)
+        if len(joins) == 1:
+            raise KeyboardInterrupt
+        return join(self, timeout)
+
+    run = engine.synthesize_all(short_batches(4))
+    next(run)
+    monkeypatch.setattr(threading.Thread, "join", interrupted_join)
+    with pytest.raises(KeyboardInterrupt):
+        run.close()
+    monkeypatch.undo()
+    assert joins[:2] == ["tts-_decode_stage"] * 2, "the interrupted join is tried again"
+    assert not engine_threads()

@@ -92,6 +92,22 @@ def _start(stage, sink: queue.Queue, halt: threading.Event, *args) -> threading.
     return thread
 
 
+def _join(threads: list[threading.Thread]) -> None:
+    """Join every thread however many KeyboardInterrupts come meanwhile (a
+    Python caller's Ctrl-C; the command's signals raise none), then raise
+    the first: a thread left running torch code as the interpreter exits
+    aborts the process. A stage ends at its next slice or batch."""
+    interrupted = None
+    for thread in threads:
+        while thread.is_alive():
+            try:
+                thread.join()
+            except KeyboardInterrupt as e:
+                interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted
+
+
 def _put(q: queue.Queue, item, halt: threading.Event) -> bool:
     """Put ``item`` unless the run is halted first (its consumer may be gone
     and never make room); whether it was put."""
@@ -193,8 +209,7 @@ class Scheduling:
                 yield message.jobs, message.results
         finally:
             halt.set()
-            for thread in stages:
-                thread.join()
+            _join(stages)
 
     def _stream(self):
         if self.device.type != "cuda":
@@ -307,22 +322,26 @@ class Scheduling:
             _put(out, message, halt)
             return None
         batch = message.batch
-        _wait_for(message.ready, (batch.mel, batch.frames, batch.truncated), self.device)
-        for part in self._waveglow_parts(batch):
-            if halt.is_set():
-                break
-            # Queued before the previous batch is waited for and handed on,
-            # so WaveGlow's stream does not idle while this thread turns a
-            # finished batch into host arrays.
-            try:
-                launched = self._vocode_launch(part.jobs, part.mel, part.frames, part.truncated,
-                                               part.counts, part.cut)
-            except RuntimeError:
-                launched = None   # out of memory among them: the halving path below, in order
-            self._hand_on(pending, out, halt)
-            pending = launched
-            if launched is None:
-                self._vocode_split(part, out, halt)
+        try:
+            _wait_for(message.ready, (batch.mel, batch.frames, batch.truncated), self.device)
+            for part in self._waveglow_parts(batch):
+                if halt.is_set():
+                    break
+                # Queued before the previous batch is waited for and handed on,
+                # so WaveGlow's stream does not idle while this thread turns a
+                # finished batch into host arrays.
+                try:
+                    launched = self._vocode_launch(part.jobs, part.mel, part.frames, part.truncated,
+                                                   part.counts, part.cut)
+                except RuntimeError:
+                    launched = None   # out of memory among them: the halving path below, in order
+                self._hand_on(pending, out, halt)
+                pending = launched
+                if launched is None:
+                    self._vocode_split(part, out, halt)
+        except BaseException:
+            self._hand_on(pending, out, halt)   # made before the crash: its lines are written
+            raise
         return pending
 
     def _waveglow_parts(self, batch: DecodedBatch) -> list[DecodedBatch]:
