@@ -164,3 +164,29 @@ def test_ids_that_would_be_one_key_in_a_shard_stop_before_any_work(tmp_path, tin
     assert not (tmp_path / "out").exists()
     apart = run_in_files([corpus, "-o", tmp_path / "files", "--format", "ljspeech"], tiny_checkpoints)
     assert apart.exit_code == 0, "in wavs/ they are two files"
+
+
+def test_a_line_made_again_leaves_no_second_copy_in_its_earlier_shard_once_pruned(tmp_path, tiny_checkpoints):
+    """b's text changes: b is made again into a new shard, and its old
+    members, which a reader of the whole folder would take as a second b
+    with the old transcript, are reported; --prune rewrites the shard
+    without them and keeps the others as they were."""
+    corpus, out = tmp_path / "c.psv", tmp_path / "out"
+    corpus.write_text("a|Hello there.\nb|World.\nc|Third line.\n")
+    assert run([corpus, "-o", out, "--format", "ljspeech"], tiny_checkpoints).exit_code == 0
+    first = shards(out)["shard-000000.tar"]
+    corpus.write_text("a|Hello there.\nb|A new world.\nc|Third line.\n")
+    again = run([corpus, "-o", out, "--format", "ljspeech"], tiny_checkpoints)
+    assert again.exit_code == 0, again.output
+    assert "1 line in 1 earlier shard" in again.output and "--prune rewrites" in again.output
+    assert set(shards(out)["shard-000000.tar"]) == set(first), "reported, not yet removed"
+    pruned = run([corpus, "-o", out, "--format", "ljspeech", "--prune"], tiny_checkpoints)
+    assert pruned.exit_code == 0 and "rewrote 1 shard" in pruned.output, pruned.output
+    found = shards(out)
+    assert found["shard-000000.tar"] == {name: data for name, data in first.items() if not name.startswith("b.")}
+    keys = [name.partition(".")[0] for members in found.values() for name in members if name.endswith(".json")]
+    assert sorted(keys) == ["a", "b", "c"], "each line once in the folder"
+    texts = {row["id"]: row["text"] for row in manifest(out)}
+    assert json.loads(found["shard-000001.tar"]["b.json"])["text"] == texts["b"] == "A new world."
+    settled = run([corpus, "-o", out, "--format", "ljspeech"], tiny_checkpoints)
+    assert "3 reused" in settled.output and "earlier shard" not in settled.output

@@ -23,7 +23,7 @@ from pathlib import Path
 from tts_cli.corpus import Utterance
 from tts_cli.errors import OutputError, cannot_write
 from tts_cli.manifest import STATUSES, WITH_AUDIO, ManifestRow, manifest_rows_at, row_without_audio, write_manifest_lines
-from tts_cli.tarshards import SHARDS, shard_of
+from tts_cli.tarshards import SHARDS, member_key, shard_of
 from tts_cli.text import foreign_letters, words_lost
 
 # The manifest is rewritten at most this often during a run (and always at the
@@ -126,8 +126,11 @@ class ManifestJournal:
         elif n in self.unsaid:
             del self.unsaid[n]
         for name in (audio, row.mel_filepath):
-            if name:
-                self.named.add(name.startswith(SHARDS) and shard_of(name) or name)
+            if name and (shard := name.startswith(SHARDS) and shard_of(name)):
+                self.named.add(shard)
+                self.named.add(member_key(name))   # its line's members in that shard
+            elif name:
+                self.named.add(name)
 
     @property
     def complete(self) -> bool:

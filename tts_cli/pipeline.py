@@ -29,7 +29,7 @@ from tts_cli.devices import device_type, open_cuda_early
 from tts_cli.errors import FatalError, OutputError, OutputNotice, cannot_write
 from tts_cli.planning import PendingLine, WindowReader, batch_plan, collector_paused, plan_lines
 from tts_cli.journal import ManifestJournal
-from tts_cli.tarshards import ONE_PROCESS, SHARDS, clashing_keys
+from tts_cli.tarshards import ONE_PROCESS, SHARDS, clashing_keys, rewrite_without, superseded
 from tts_cli.writing import LineWriter
 from tts_cli.manifest import plural
 from tts_cli.signals import StopOnSignals
@@ -192,6 +192,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         together.finish(manifest, checkpoint, share, writer, signals)
         if together.removes_temp_files and signals.received is None:   # one process looks: rank 0, or alone
             _report_orphans(out_dir, manifest.named, settings.prune, on_notice)
+            if writer.shards is not None and (to_do or len(previous) or settings.prune):   # lines made again, or gone
+                _report_superseded(out_dir, manifest.named, writer.shards.written, settings.prune, on_notice)
         summary = RunSummary(lines=len(utterances), counts=manifest.counts(), audio_seconds=manifest.audio_seconds(),
                              clipped_samples=sum(manifest.clipped),
                              wall_seconds=time.perf_counter() - started, load_seconds=load_seconds,
@@ -253,6 +255,31 @@ def _report_orphans(out_dir: Path, named: Container[str], prune: bool, on_notice
     else:
         on_notice(OutputNotice(f"{plural(len(left), 'file')} in {out_dir} (wavs/, mels/, shards/) that no manifest row "
                                f"names (left by an earlier corpus, e.g. {left[0].name}); --prune removes them"))
+
+
+def _report_superseded(out_dir: Path, named: Container[str], written: list[str], prune: bool, on_notice) -> None:
+    """The members of earlier shards whose lines this run made again or the
+    corpus no longer has (``tarshards.superseded``); with ``prune``, those
+    shards rewritten without them."""
+    earlier = [shard for name in _files_in(out_dir / SHARDS)
+               if (shard := f"{SHARDS}/{name}") in named and shard not in written]
+    stale = superseded(out_dir, named, earlier)
+    if not stale:
+        return
+    count = sum(len({member.partition(".")[0] for member in members}) for members in stale.values())
+    if not prune:
+        on_notice(OutputNotice(f"{plural(count, 'line')} in {plural(len(stale), 'earlier shard')} in {out_dir / SHARDS} "
+                               f"no manifest row places there (made again into a later shard, or gone from the "
+                               f"corpus), e.g. in {next(iter(stale)).name}; a reader of the whole folder would take "
+                               f"them too: --prune rewrites those shards without them"))
+        return
+    try:
+        for shard, members in stale.items():
+            rewrite_without(shard, members)
+    except OSError as e:
+        raise OutputError(cannot_write(out_dir, e, then="run the same command again with --prune")) from None
+    on_notice(f"rewrote {plural(len(stale), 'shard')} in {out_dir / SHARDS} without the {plural(count, 'line')} no "
+              f"manifest row placed there (--prune)")
 
 
 def _plan_line(utterances: list[Utterance], to_do: int, reused: int, voice: Voice) -> str:

@@ -23,7 +23,7 @@ import os
 import re
 import tarfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 
@@ -61,6 +61,43 @@ def shard_of(path: str) -> str | None:
     """The shard file (``shards/shard-000003.tar``) a row's path points into."""
     match = _MEMBER_PATH.fullmatch(path)
     return f"{SHARDS}/{match[1]}" if match else None
+
+
+def member_key(path: str) -> str:
+    """A line's members in a shard, named by one of them:
+    ``shards/shard-000003.tar/<key>.wav`` -> ``shards/shard-000003.tar/<key>``."""
+    shard, _, member = path.rpartition("/")
+    return f"{shard}/{member.partition('.')[0]}"
+
+
+def superseded(out_dir: Path, named: Container[str], shards: Iterable[str]) -> dict[Path, list[str]]:
+    """Of ``shards`` (``shards/shard-000003.tar``, named by rows), the
+    members whose line no row places there: a line made again into a later
+    shard, or no longer in the corpus. A reader of the whole folder would
+    take them too. By shard file."""
+    found = {}
+    for shard in shards:
+        path = out_dir / shard
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        stale = [member for member in _index(path, stat.st_size, stat.st_mtime_ns)
+                 if member_key(f"{shard}/{member}") not in named]
+        if stale:
+            found[path] = stale
+    return found
+
+
+def rewrite_without(shard: Path, stale: Iterable[str]) -> None:
+    """``shard`` again without the members ``stale`` (the others as they
+    were, same names and bytes), under a temporary name renamed over it."""
+    stale = set(stale)
+    with atomic_write(shard) as temp_path, tarfile.open(shard, "r:") as old, \
+            tarfile.open(temp_path, "w", format=tarfile.PAX_FORMAT) as new:
+        for member in old:
+            if member.isfile() and member.name not in stale:
+                new.addfile(member, old.extractfile(member))
 
 
 def member_size(out_dir: Path, path: str) -> int | None:
@@ -102,6 +139,7 @@ class TarShards(Generic[T]):
         self._name = ""
         self._in_open: list[T] = []   # the open shard's lines
         self._whole: list[T] = []     # lines of shards finished since take_whole
+        self.written: list[str] = []  # the shards finished, as rows name them
 
     def add(self, key: str, make: Callable[[str], tuple[list[tuple[str, bytes]], T]]) -> T:
         """Put one line in the open shard: ``make(shard)`` gives its members'
@@ -163,6 +201,7 @@ class TarShards(Generic[T]):
             raise
         self._whole += self._in_open
         self._in_open = []
+        self.written.append(f"{SHARDS}/{self._name}")
 
     def _abandon(self, error: BaseException) -> None:
         """Drop the open shard: its temporary file goes, and its lines."""
