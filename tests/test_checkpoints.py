@@ -283,6 +283,25 @@ def test_corrupted_bytes(tmp_path, tacotron2_sd):
     assert "cut short or damaged" in load_error(load_tacotron2_weights, path)
 
 
+def test_a_file_saved_with_a_newer_pickle_protocol_loads_or_says_how_to_save_it_again(tmp_path, tacotron2_sd):
+    """torch.save(..., pickle_protocol=4) is a whole file, not a damaged
+    one; torch's safe loader may not read that protocol. Then the one line
+    says so, and torch's warning is not printed around it."""
+    path = tmp_path / "t.pt"
+    torch.save({"state_dict": tacotron2_sd}, path, pickle_protocol=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # any warning torch prints fails the test
+        try:
+            loaded = load_tacotron2_weights(path)
+        except CheckpointError as e:
+            message = str(e)
+            assert "\n" not in message and str(path) in message
+            assert "pickle protocol 4" in message and "save it again" in message
+            assert "damaged" not in message
+        else:
+            assert_canonical(loaded, tacotron2_sd)
+
+
 def test_missing_file(tmp_path):
     path = tmp_path / "nowhere.pt"
     assert "no such file" in load_error(load_tacotron2_weights, path)

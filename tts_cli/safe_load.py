@@ -229,12 +229,22 @@ def read_checkpoint(path) -> object:
             raise _explain_load_failure(name, exc) from exc
 
 
+class _NewerProtocol(Exception):
+    """torch's safe loader stopped in a pickle of a protocol it does not fully read."""
+
+
 def _weights_only_load(f) -> object:
-    with torch.serialization.safe_globals(_SAFE_GLOBALS), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*TorchScript archive.*")
-        # mmap=False: mmap is refused for the older non-zip format, and a
-        # global torch config could otherwise switch it on.
-        return torch.load(f, map_location="cpu", weights_only=True, mmap=False)
+    with torch.serialization.safe_globals(_SAFE_GLOBALS), warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")   # recorded, not printed: the error says what matters
+        try:
+            # mmap=False: mmap is refused for the older non-zip format, and a
+            # global torch config could otherwise switch it on.
+            return torch.load(f, map_location="cpu", weights_only=True, mmap=False)
+        except Exception as e:
+            protocol = [w for w in said if "pickle protocol" in str(w.message)]
+            if protocol:
+                raise _NewerProtocol(str(protocol[0].message)) from e
+            raise
 
 
 def _explain_load_failure(name: str, exc: Exception) -> CheckpointError:
@@ -250,6 +260,11 @@ def _explain_load_failure(name: str, exc: Exception) -> CheckpointError:
             f"{name}: refused: the file names the Python object '{found}', which a "
             "Tacotron2/WaveGlow checkpoint does not need and which could run code; "
             "re-download the checkpoint from its publisher")
+    if isinstance(exc, _NewerProtocol):
+        protocol = re.search(r"protocol (\d+)", text)
+        return CheckpointError(
+            f"{name}: saved with pickle protocol {protocol[1] if protocol else 'other than 2'}, which torch's "
+            "safe loader cannot read; load it in Python and save it again with torch.save's default protocol")
     if "TorchScript" in text:
         return CheckpointError(
             f"{name}: is a TorchScript archive, not a checkpoint; "
