@@ -117,3 +117,21 @@ def test_mistakes_are_one_line(tmp_path, made):
     assert result.exit_code == 2 and "no export named; use any of: hf, lhotse, kaldi" in result.output
     result = CliRunner().invoke(main, ["export", str(tmp_path)])
     assert result.exit_code == 2 and "no manifest.jsonl" in result.output
+
+
+@pytest.mark.parametrize("sample_format, audio_format", [("float32", "wav"), ("pcm24", "flac"), ("pcm16", "wav")])
+def test_kaldi_is_given_16_bit_pcm_whatever_the_files_hold(tmp_path, tiny_checkpoints, sample_format, audio_format):
+    """Kaldi's wave reader takes 16-bit PCM and nothing else."""
+    (tmp_path / "corpus.txt").write_text("Printing, in the only sense.\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [str(tmp_path / "corpus.txt"), "-o", str(out), "--tacotron2",
+                                       str(tiny_checkpoints[0]), "--waveglow", str(tiny_checkpoints[1]),
+                                       "--device", "cpu", "--max-decoder-steps", "12", "-q", "--no-check-alignment",
+                                       "--sample-format", sample_format, "--audio-format", audio_format])
+    assert result.exit_code == 0, result.output
+    exported(out, "--to", "kaldi")
+    [line] = (out / "kaldi" / "wav.scp").read_text().splitlines()
+    path = str(out / manifest(out)[0]["audio_filepath"])
+    expected = {"float32": f"sox {path} -t wav -b 16 - |", "pcm24": f"sox {path} -t wav -b 16 - |",
+                "pcm16": path}[sample_format]
+    assert line == f"000001 {expected}"

@@ -15,6 +15,8 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
+import soundfile
+
 from tts_cli.audio import atomic_write
 from tts_cli.manifest import read_manifest
 from tts_cli.tarshards import shard_of
@@ -70,7 +72,8 @@ def _lhotse(out_dir: Path, rows: list[dict]) -> list[Path]:
 
 def _kaldi(out_dir: Path, rows: list[dict]) -> list[Path]:
     """Kaldi's data directory (wav.scp, text, utt2spk, spk2utt) in kaldi/,
-    sorted by utterance id as Kaldi requires; FLAC is decoded through a pipe."""
+    sorted by utterance id as Kaldi requires; audio Kaldi cannot read
+    (FLAC, other than 16-bit samples) is decoded through a pipe."""
     folder = out_dir / "kaldi"
     audio = [str(out_dir / row["audio_filepath"]) for row in rows]
     scp = [f"{row['id']} {_rxfilename(path)}" for row, path in zip(rows, audio)]
@@ -82,13 +85,16 @@ def _kaldi(out_dir: Path, rows: list[dict]) -> list[Path]:
 
 
 def _rxfilename(path: str) -> str:
-    """How wav.scp names an audio file: a WAV by its path, unless the path
-    holds white space, which Kaldi would split it at; then, as a FLAC is,
-    through a shell pipe with the path quoted."""
-    if path.endswith(".wav") and not any(c.isspace() for c in path):
+    """How wav.scp names an audio file. Kaldi reads 16-bit PCM WAV alone: a
+    16-bit WAV by its path (through ``cat`` where the path holds white space,
+    which Kaldi would split it at), a 16-bit FLAC through ``flac -d``, and
+    24-bit or float samples through ``sox`` to 16 bits; a piped path quoted."""
+    wav, pcm16 = path.endswith(".wav"), soundfile.info(path).subtype == "PCM_16"
+    if wav and pcm16 and not any(c.isspace() for c in path):
         return path
-    command = "cat" if path.endswith(".wav") else "flac -c -d -s"
-    return f"{command} {shlex.quote(path)} |"
+    if not pcm16:
+        return f"sox {shlex.quote(path)} -t wav -b 16 - |"
+    return f"{'cat' if wav else 'flac -c -d -s'} {shlex.quote(path)} |"
 
 
 def _write(path: Path, data: bytes) -> Path:
