@@ -262,15 +262,16 @@ def _parse_row(raw: bytes, name: str, number: int) -> dict[str, Any]:
     return record
 
 
-# What each field's value may be, in a row as read (an optional field may be
-# absent: None): a row that holds another is damaged, and would fail later,
-# far from where it was read.
 def _kinds(field: dataclasses.Field) -> tuple[type, ...]:
+    """The types a row's field may hold as read: its annotation's; None
+    too where it is optional or has a default (an absent key reads None)."""
     kinds = {"str": (str,), "int": (int,), "float": (float, int), "dict": (dict,)}[field.type.split(" |")[0]]
     optional = "None" in field.type or field.default is not dataclasses.MISSING
     return (*kinds, type(None)) if optional else kinds
 
 
+# Each field and the types it may hold: a row that holds another is damaged,
+# and would fail later, far from where it was read.
 _KINDS = tuple((field.name, _kinds(field)) for field in dataclasses.fields(ManifestRow))
 
 
