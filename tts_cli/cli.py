@@ -159,8 +159,9 @@ def _others_working() -> bool:
 @click.option("--force/--no-force", default=None,
               help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
 @click.option("--prune/--no-prune", default=None,
-              help="Remove the WAVs and mels in OUT that no manifest row names (left by an earlier corpus); "
-                   "without it the run counts them in one line.")
+              help="Remove the WAVs and mels in OUT that no manifest row names (left by an earlier corpus), and "
+                   "rewrite the tar shards holding lines no row places there; without it the run counts them "
+                   "in one line.")
 @click.option("-q", "--quiet/--no-quiet", default=None,
               help="No progress bar, summary or notices; what changes the output (the demo voice standing in, a "
                    "corpus that looks misread) and a run that fails still say so in one line.")

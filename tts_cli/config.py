@@ -100,7 +100,7 @@ class Settings:
     max_frames_per_symbol: float = 15.0
     strict: bool = False                # exit status 1 when a line is suspect or truncated, as for errors
     force: bool = False                 # redo every line, reusing nothing from an earlier run
-    prune: bool = False                 # remove the WAVs and mels in the output that no manifest row names
+    prune: bool = False                 # remove the files no manifest row names; rewrite shards without such lines
     quiet: bool = False                 # no progress bar or summary
 
     def __post_init__(self):
