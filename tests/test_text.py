@@ -678,7 +678,7 @@ def test_symbols_are_said(text, spoken):
     [
         ("5 km", "five kilometers"),
         ("1 km", "one kilometer"),
-        ("42.195km", "forty-two point one hundred ninety-five kilometers"),
+        ("42.195km", "forty-two point one nine five kilometers"),
         ("80 km/h", "eighty kilometers per hour"),
         ("80 kph", "eighty kilometers per hour"),
         ("60 mph", "sixty miles per hour"),
@@ -734,6 +734,73 @@ def test_units_after_numbers_are_said(text, spoken):
 )
 def test_days_beside_a_month_are_ordinals(text, spoken):
     assert extended(text) == spoken
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        # A time's minutes are no day of the month beside it.
+        ("Departs 14:25 Dec. 24.", "departs fourteen twenty-five december twenty-fourth."),
+        ("The meeting is at 10:30 May 5.", "the meeting is at ten thirty may fifth."),
+        ("At 7:30 March winds blow.", "at seven thirty march winds blow."),
+        ("March 3:30", "march three thirty"),
+    ],
+)
+def test_a_time_beside_a_month_stays_a_time(text, spoken):
+    assert extended(text) == spoken
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        # The digits after the point one by one: the reference said 0.05 as "zero point five".
+        ("Take 0.05 mg daily.", "take zero point zero five milligrams daily."),
+        ("3.05%", "three point zero five percent"),
+        ("It is 3.14.", "it is three point one four."),
+        ("3.5", "three point five"),
+        ("1,234.56", "one thousand two hundred thirty-four point five six"),
+        # A count with its comma is no year.
+        ("2,345 people", "two thousand three hundred forty-five people"),
+        ("1,005", "one thousand five"), ("2,000", "two thousand"), ("2,000.5", "two thousand point five"),
+        # Minus signs, and "/" between numbers, are said.
+        ("-5%", "minus five percent"), ("-$5", "minus five dollars"), ("10-20", "ten-twenty"),
+        ("1/2", "one slash two"),
+    ],
+)
+def test_decimals_counts_and_signs_keep_their_value(text, spoken):
+    assert extended(text) == spoken
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        ("\u00a35", "five pounds"), ("\u00a31.01", "one pound, one penny"), ("\u20ac1,000,000", "one million euros"),
+        ("\u20ac1.50", "one euro, fifty cents"), ("\u00a5100", "one hundred yen"),
+        ("$1.5", "one dollar, fifty cents"), ("$1.05 billion", "one point zero five billion dollars"),
+        ("$1,500 million", "one thousand five hundred million dollars"), ("$2.5M", "two point five million dollars"),
+        ("\u00a33bn", "three billion pounds"),
+    ],
+)
+def test_money_is_said_in_its_currency(text, spoken):
+    assert extended(text) == spoken
+
+
+@pytest.mark.parametrize(
+    "text, spoken",
+    [
+        ("https://de.wikipedia.org/wiki/M\u00fcnchen", "de dot wikipedia dot org slash wiki slash munchen"),
+        ("https://example.com/status/1234567890", "example dot com slash status slash one two three four five six "
+                                                  "seven eight nine zero"),
+        ("example.com/page/2026", "example dot com slash page slash twenty twenty-six"),
+        ("in C# 10", "in c ten"),
+    ],
+)
+def test_addresses_keep_their_letters_and_long_numbers_are_digits(text, spoken):
+    assert extended(text) == spoken
+
+
+def test_an_address_of_a_hundred_digits_is_read_not_refused():
+    assert extended("https://example.com/" + "9" * 100) == "example dot com slash " + " ".join(["nine"] * 100)
 
 
 @pytest.mark.parametrize("text", ["12%", "7:30", "info@example.com", "20\u00b0C", "#1", "March 3", "5 km", "a & b"])

@@ -2,7 +2,10 @@
 drop or mangle in common English text, written out as it is said, before
 the reference's cleaning (text.py) runs: percentages, times, e-mail and web
 addresses, degrees, units after numbers, "&", "+", "#" before a number,
-scaled dollar amounts, and days beside a month's name as ordinals.
+money in dollars, pounds, euros and yen, scaled amounts, decimals' digits,
+counts with a comma, minus signs, and days beside a month's name as
+ordinals. Each rule is anchored where a match can start, so a long line
+costs time in proportion to its length.
 
 Pure Python, regular expressions only: the reference's rules then read every
 number, so the two normalizations agree on anything these rules leave alone.
@@ -33,13 +36,16 @@ def _stop_kept(match: re.Match, stop: str) -> str:
 # before a space, and trailing punctuation is the sentence's.
 _ADDRESS_END = r"[^\s<>\"'.,;:!?)\]}]"
 _URL = re.compile(r"(?:https?://|www\.)[^\s<>\"']*" + _ADDRESS_END, re.IGNORECASE)
-_EMAIL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
+_EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
 _TOP_LEVEL_DOMAINS = r"\.(?:com|org|net|edu|gov|io|info|uk|de|eu)\b"
 _DOMAIN = re.compile(r"(?<![\w@./-])[A-Za-z0-9][A-Za-z0-9-]*(?:\.[A-Za-z0-9-]+)*" + _TOP_LEVEL_DOMAINS
                      + r"(?![.-]?\w)(?:/[^\s<>\"']*" + _ADDRESS_END + ")?")
 _SCHEME = re.compile(r"^(?:[a-z]+://)?(?:www\.)?", re.IGNORECASE)
-_ADDRESS_PARTS = re.compile(r"[A-Za-z]+|[0-9]+|[@./+]")
+_ADDRESS_PARTS = re.compile(r"[^\W\d_]+|[0-9]+|[@./+]")
 _ADDRESS_MARKS = {"@": "at", ".": "dot", "/": "slash", "+": "plus"}
+# A run of more digits than this in an address (an id, a phone number) is
+# said a digit at a time, not as one number.
+_ADDRESS_NUMBER_DIGITS = 4
 
 
 def _address(match: re.Match) -> str:
@@ -47,9 +53,11 @@ def _address(match: re.Match) -> str:
     dot com", "https://example.org/a-b" -> "example dot org slash a b". The
     scheme, "www." and a trailing slash are not said; "@", ".", "/" and "+"
     are; other marks (- _ ? = & # % ~) only part the words; letters and
-    digits are apart ("web2" -> "web 2")."""
+    digits are apart ("web2" -> "web 2"), and a long run of digits is said
+    a digit at a time ("status/20261205" -> "status slash 2 0 2 6 1 2 0 5")."""
     address = _SCHEME.sub("", match[0]).rstrip("/")
-    return " ".join(_ADDRESS_MARKS.get(part, part) for part in _ADDRESS_PARTS.findall(address))
+    return " ".join(" ".join(part) if part.isdigit() and len(part) > _ADDRESS_NUMBER_DIGITS
+                    else _ADDRESS_MARKS.get(part, part) for part in _ADDRESS_PARTS.findall(address))
 
 
 # Times: H:MM (0-24 : 00-59, not part of H:MM:SS), then "am", "pm", "a.m."
@@ -85,7 +93,7 @@ _MONTH_NAMES = {**{m: m for m in _MONTHS}, **{m.upper(): m for m in _MONTHS},
                 **{m[:3]: m for m in _MONTHS if len(m) > 3}, "Sept": "September"}
 _MONTH = "(" + "|".join(sorted(_MONTH_NAMES, key=len, reverse=True)) + r")\b(\.?)"
 _MONTH_DAY = re.compile(_MONTH + r"\s+([0-9]{1,2})(?:st|nd|rd|th)?\b(?![:.,]?[0-9])")
-_DAY_MONTH = re.compile(r"(?<![\w.,])(?:[Tt]he\s+)?([0-9]{1,2})(?:st|nd|rd|th)?(?:\s+of)?\s+" + _MONTH)
+_DAY_MONTH = re.compile(r"(?<![\w.,:])(?:[Tt]he\s+)?([0-9]{1,2})(?:st|nd|rd|th)?(?:\s+of)?\s+" + _MONTH)
 
 
 def _ordinal_digits(day: str) -> str:
@@ -111,14 +119,61 @@ def _day_month(match: re.Match) -> str:
 
 
 _NUMBER = r"([0-9](?:[0-9,.]*[0-9])?)"
-_PERCENT = re.compile(_NUMBER + r"\s?([%\u2030])")
+_PERCENT = re.compile(r"(?<![0-9,.])" + _NUMBER + r"\s?([%\u2030])")
 _PERCENT_WORDS = {"%": "percent", "\u2030": "per mille"}
 # Degrees: "20°C", "20 °F", "-5°C", "90°", "20℃".
 _DEGREES = re.compile(r"(?<![\w.])([-\u2212])?([0-9]+(?:\.[0-9]+)?)\s?(°\s?[CFK]?|\u2103|\u2109)(?![A-Za-z])")
 _SCALES = {"C": "celsius", "F": "fahrenheit", "K": "kelvin", "\u2103": "celsius", "\u2109": "fahrenheit"}
-# "$3.5 million": the reference would read "3 dollars, 5 cents million".
-_DOLLARS_SCALED = re.compile(r"\$([0-9]+(?:\.[0-9]+)?)\s(thousand|million|billion|trillion)\b", re.IGNORECASE)
-_NUMBER_SIGN = re.compile(r"#\s?([0-9])")
+# Money. The reference reads "$3.50" and "$1" itself; it reads "$3.5
+# million" as "3 dollars, 5 cents million", "$1.5" as "1 dollar, 5 cents",
+# and other currencies not at all ("\u00a35" became "ps5").
+_CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "\u00a3": ("pound", "pounds", "penny", "pence"),
+               "\u20ac": ("euro", "euros", "cent", "cents"), "\u00a5": ("yen", "yen", "", "")}
+_SCALE_WORDS = {"k": "thousand", "K": "thousand", "M": "million", "bn": "billion", "B": "billion"}
+_MONEY_SCALED = re.compile(r"([$\u00a3\u20ac\u00a5])([0-9][0-9,]*(?:\.[0-9]+)?)(?:\s(thousand|million|billion|trillion)\b"
+                           r"|(k|K|M|bn|B)\b)", re.IGNORECASE)
+_DOLLAR_TENTHS = re.compile(r"(\$[0-9][0-9,]*\.[0-9])(?![0-9])")
+_MONEY = re.compile(r"([\u00a3\u20ac\u00a5])([0-9][0-9,]*)(?:\.([0-9]{1,2}))?(?![0-9])")
+_NUMBER_SIGN = re.compile(r"(?<!\w)#\s?([0-9])")
+# A minus sign before a number ("-5%", "-$3"), not a hyphen inside a word or range.
+_MINUS = re.compile(r"(?<![\w.,)\]])[-\u2212](?=[$\u00a3\u20ac\u00a5]?[0-9])")
+# "1,234": the reference reads a number of 1,001-2,999 as a year ("twenty-three
+# forty-five") even with its comma, which only a count has.
+_THOUSANDS = re.compile(r"(?<![\w.,$\u00a3\u20ac\u00a5])([12]),([0-9]{3})(?![0-9]|,[0-9])")
+# A decimal's digits after the point are said one by one ("3.14" -> "3 point
+# 1 4"); the reference reads them as a number ("0.05" as "zero point five").
+_DECIMAL = re.compile(r"(?<![\w.,$\u00a3\u20ac\u00a5])([0-9][0-9,]*)\.([0-9]{2,})(?!\.?[0-9])")
+# "/" between numbers ("1/2", "12/05/2026"), which the reference drops, gluing them.
+_NUMBER_SLASH = re.compile(r"(?<=[0-9])/(?=[0-9])")
+
+
+def _money_scaled(match: re.Match) -> str:
+    """"$3.5 million" -> "3.5 million dollars", "\u20ac2bn" -> "2 billion euros"."""
+    sign, amount, word, suffix = match.groups()
+    return f"{amount} {word.lower() if word else _SCALE_WORDS[suffix]} {_CURRENCIES[sign][1]}"
+
+
+def _money(match: re.Match) -> str:
+    """"\u00a35" -> "5 pounds", "\u20ac1.50" -> "1 euro, 50 cents", "\u00a5100" -> "100 yen"."""
+    sign, whole, fraction = match.groups()
+    one, several, hundredth, hundredths = _CURRENCIES[sign]
+    said = f"{whole} {one if whole == '1' else several}"
+    if fraction and hundredth and int(fraction.ljust(2, "0")):
+        cents = str(int(fraction.ljust(2, "0")))
+        said += f", {cents} {hundredth if cents == '1' else hundredths}"
+    return said
+
+
+def _thousands(match: re.Match) -> str:
+    """"2,345" -> "2 thousand 345" ("1,234.5" -> "1 thousand 234.5"); a
+    whole thousand as the reference reads it ("2,000" -> "2000")."""
+    rest = int(match[2])
+    return f"{match[1]} thousand {match[2].lstrip('0')}" if rest else f"{match[1]}{match[2]}"
+
+
+def _decimal(match: re.Match) -> str:
+    """"3.14" -> "3 point 1 4"."""
+    return f"{match[1]} point {' '.join(match[2])}"
 
 
 def _percent(match: re.Match) -> str:
@@ -147,7 +202,7 @@ _UNITS = {
     "Hz": ("hertz", "hertz"), "kHz": ("kilohertz", "kilohertz"), "MHz": ("megahertz", "megahertz"),
     "GHz": ("gigahertz", "gigahertz"),
 }
-_UNIT = re.compile(r"(?<![\w.])" + _NUMBER + r"\s?(" + "|".join(sorted(map(re.escape, _UNITS), key=len, reverse=True))
+_UNIT = re.compile(r"(?<![\w.,])" + _NUMBER + r"\s?(" + "|".join(sorted(map(re.escape, _UNITS), key=len, reverse=True))
                    + r")(\.?)(?![\w/])")
 
 
@@ -161,7 +216,7 @@ def _measure(match: re.Match) -> str:
 
 # Symbols said as words wherever they stand.
 _SYMBOL_WORDS = {"&": "and", "+": "plus", "\u00b1": "plus or minus"}
-_SYMBOL = re.compile(r"\s*([&+\u00b1])\s*")
+_SYMBOL = re.compile(r"(?<!\s)\s*([&+\u00b1])\s*")
 
 
 def _symbol(match: re.Match) -> str:
@@ -171,21 +226,29 @@ def _symbol(match: re.Match) -> str:
     return before + _SYMBOL_WORDS[match[1]] + after
 
 
-# In this order: addresses first (their marks are not symbols or times),
-# times before dates ("March 3:30" is no date), and the symbols last.
+# In this order: addresses first (their marks are not symbols or times);
+# dates before times, so that a time's minutes are not a day ("14:25 Dec.
+# 24"; a day is not followed by ":" nor preceded by it); money, units and
+# the rest before decimals, which they may hold; the symbols last.
 _SPOKEN_FORM_RULES: tuple[tuple[re.Pattern, Callable[[re.Match], str] | str], ...] = (
     (_URL, _address),
     (_EMAIL, _address),
     (_DOMAIN, _address),
-    (_TIME, _time),
-    (_HOUR, _hour),
     (_MONTH_DAY, _month_day),
     (_DAY_MONTH, _day_month),
+    (_TIME, _time),
+    (_HOUR, _hour),
     (_PERCENT, _percent),
     (_DEGREES, _degrees),
-    (_DOLLARS_SCALED, r"\1 \2 dollars"),
+    (_MONEY_SCALED, _money_scaled),
+    (_DOLLAR_TENTHS, r"\g<1>0"),
+    (_MONEY, _money),
+    (_MINUS, "minus "),
     (_NUMBER_SIGN, r"number \1"),
     (_UNIT, _measure),
+    (_THOUSANDS, _thousands),
+    (_DECIMAL, _decimal),
+    (_NUMBER_SLASH, " slash "),
     (_SYMBOL, _symbol),
 )
 
@@ -197,10 +260,8 @@ _ANY_SPOKEN_FORM = re.compile(r"[0-9@&+\u00b1]|://|www\." + "|" + _TOP_LEVEL_DOM
 
 def spoken_forms(text: str) -> str:
     """Raw text with what the reference cleaners drop or mangle written out
-    as it is said: percentages, times, e-mail and web addresses, degrees,
-    units after numbers, "&", "+", "#" before a number, scaled dollar
-    amounts, and days beside a month's name as ordinals. Numbers stay
-    digits for the reference's rules to read."""
+    as it is said (the module's docstring lists what). Numbers stay digits
+    for the reference's rules to read."""
     if not _ANY_SPOKEN_FORM.search(text):
         return text
     for pattern, said in _SPOKEN_FORM_RULES:
