@@ -90,3 +90,31 @@ def test_neighbours_that_together_reach_the_limit_exactly_share_a_piece():
     line = "Yes. No. Maybe."
     assert split_text(line, len("Yes. No."), len) == ["Yes. No.", "Maybe."]
     assert split_text(line, len("Yes. No.") - 1, len) == ["Yes.", "No.", "Maybe."]
+
+
+def test_no_cut_after_a_title():
+    # cut after "Mr." the first piece would pack "He met Mr." (34 symbols)
+    line = "An opening sentence. He met Mr. Smith."
+    assert split_text(line, 36, symbols) == ["An opening sentence.", "He met Mr. Smith."]
+
+
+def test_a_cut_line_says_each_spoken_form_as_the_whole_line_does():
+    """A long line is cut after the extended normalization has written its
+    spoken forms out, so "$3.5 million" is not cut into "three dollars, five
+    cents" and "million", and the pieces together say what the manifest's
+    normalized text says."""
+    from tts_cli.config import Settings
+    from tts_cli.corpus import Utterance
+    from tts_cli.planning import prepare_line
+    from tts_cli.text import sequence_to_text
+    text = ("Councillors said that the new budget of $3.5 million would be approved at 14:25 Dec. 24 by "
+            "Mr. Smith, who is reported to have said, in a long and winding statement that went on, that "
+            "0.05 mg was enough.")
+    line = prepare_line(Utterance(line=1, id="a", text=text), 0, {}, Settings(max_symbols_per_piece=60))
+    pieces = [sequence_to_text(ids) for ids in line.pieces]
+    assert len(pieces) > 2
+    assert re.sub(r"\s+", " ", " ".join(pieces)) == line.normalized
+    said = " ".join(pieces)
+    assert "three point five million dollars" in said and "fourteen twenty-five december twenty-fourth" in said
+    assert "zero point zero five milligrams" in said and "cents" not in said
+    assert not any(piece.endswith("mister") for piece in pieces)

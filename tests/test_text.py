@@ -891,3 +891,18 @@ def test_the_characters_left_unsaid_are_named(text, normalization, dropped, lost
 )
 def test_the_letters_of_other_scripts_are_named_once_each_in_order(text, foreign):
     assert front_end.foreign_letters(text) == foreign
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["$3.5", "million", "14:25", "Dec.", "24", "0.05", "mg", "\u00a35", "2,345", "-5",
+                                 "1/2", "{HH AW1 S}", "{B}", "www.example.com", "a@b.org", "7pm", "&", "Mr.",
+                                 "word", "3.14", "%", "#1", "\u20ac1.50", "{", "}", ",", "."]), max_size=14))
+def test_the_spoken_text_read_by_the_reference_is_the_extended_reading(words):
+    """What a long line is cut on (text.spoken) says what the line says."""
+    text = " ".join(words)
+    try:
+        extended_reading = front_end.read(text, "extended")
+    except UnsupportedTextError:
+        assume(False)
+    assert front_end.read(front_end.spoken(text, "extended"), "reference").ids == extended_reading.ids
+    assert front_end.spoken(text, "reference") == text

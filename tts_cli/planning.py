@@ -246,9 +246,12 @@ def _pieces(text: str, ids: list[int], settings: Settings) -> list[list[int]]:
     max_symbols = settings.max_symbols_per_piece
     if not max_symbols or len(ids) <= max_symbols:
         return [ids] if frontend.is_speakable(ids) else []
+    # cut after the spoken forms are written, so each piece says its part
+    # of them as the whole line would ("$3.5 | million" is not cut apart)
+    said = frontend.spoken(text, settings.text_normalization)
     def piece_ids(piece: str) -> list[int]:
-        return frontend.text_to_sequence(piece, settings.text_normalization)
-    pieces = [piece_ids(piece) for piece in split_text(text, max_symbols, lambda piece: len(piece_ids(piece)))]
+        return frontend.text_to_sequence(piece, "reference")
+    pieces = [piece_ids(piece) for piece in split_text(said, max_symbols, lambda piece: len(piece_ids(piece)))]
     return [p for p in pieces if frontend.is_speakable(p)]
 
 

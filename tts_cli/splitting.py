@@ -11,8 +11,10 @@ joins the audio with a short pause.
 
 Lengths are counted in normalized symbols (what the model reads), not in raw
 characters: "$3.50" is five characters but 29 symbols. Cutting happens on the
-raw text, so each piece is normalized on its own as the reference would.
-``{ARPAbet}`` spans are never cut.
+text as the normalization writes it out before cleaning (text.spoken: the
+extended one's spoken forms already said), so each piece is cleaned on its
+own as the reference would and no cut parts a spoken form.
+``{ARPAbet}`` spans are never cut, nor is a sentence after a title ("Mr.").
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from collections.abc import Callable
 
 # Ends of sentences: terminal punctuation, closing quotes or brackets, then space.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+")
+# A title whose period ends no sentence ("Mr. Smith"): no cut after it.
+_TITLE = re.compile(r"(?:^|\s)(?:mrs?|ms|drs?|rev|lt|hon|sgt|capt|maj|gen|col|st)\.$", re.IGNORECASE)
 # Clause boundaries: a comma, semicolon or colon followed by space.
 _CLAUSE_END = re.compile(r"(?<=[,;:])\s+")
 # Words; a braced ARPAbet span counts as one word so phones stay together.
@@ -36,7 +40,7 @@ def split_text(text: str, max_symbols: int, length: Callable[[str], int]) -> lis
     """
     if max_symbols <= 0:
         return [text]
-    levels = [lambda t: _parts(t, _SENTENCE_END), lambda t: _parts(t, _CLAUSE_END), _WORD.findall]
+    levels = [_sentences, lambda t: _parts(t, _CLAUSE_END), _WORD.findall]
     return _cut(text.strip(), levels, max_symbols, length) or [text]
 
 
@@ -55,6 +59,17 @@ def _cut(text: str, levels: list, max_symbols: int, length: Callable[[str], int]
         pieces += _pack(fitting, max_symbols, length) + _cut(part, levels[1:], max_symbols, length)
         fitting = []
     return pieces + _pack(fitting, max_symbols, length)
+
+
+def _sentences(text: str) -> list[str]:
+    """``text``'s sentences; a title's period ends none."""
+    sentences: list[str] = []
+    for part in _parts(text, _SENTENCE_END):
+        if sentences and _TITLE.search(sentences[-1]):
+            sentences[-1] = f"{sentences[-1]} {part}"
+        else:
+            sentences.append(part)
+    return sentences
 
 
 def _parts(text: str, boundary: re.Pattern) -> list[str]:

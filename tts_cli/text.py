@@ -51,6 +51,7 @@ __all__ = [
     "clean_text",
     "expand_numbers",
     "spoken_forms",
+    "spoken",
     "read",
     "text_to_sequence",
     "sequence_to_text",
@@ -430,6 +431,25 @@ def read(text: str, normalization: str = "reference") -> Reading:
         ids += _phone_ids(match["phones"])
         text = match["after"]
     return Reading(ids, sequence_to_text(ids), "".join(dropped))
+
+
+def spoken(text: str, normalization: str) -> str:
+    """``text`` with what ``normalization`` writes out before cleaning
+    already written (the extended one's spoken forms, outside braces, as
+    ``read`` finds them): read by the reference's rules it gives the ids
+    ``read(text, normalization)`` gives. A long line is cut on this text,
+    so that no cut parts a spoken form ("$3.5 million", "14:25 Dec. 24")."""
+    if normalization == "reference":
+        return text
+    parts = []
+    while text:
+        match = _BRACED_PHONES.match(text)
+        parts.append(spoken_forms(text if match is None else match["before"]))
+        if match is None:
+            break
+        parts.append("{" + match["phones"] + "}")
+        text = match["after"]
+    return "".join(parts)
 
 
 def text_to_sequence(text: str, normalization: str = "reference") -> list[int]:
