@@ -779,6 +779,9 @@ def test_decimals_counts_and_signs_keep_their_value(text, spoken):
         ("$1.5", "one dollar, fifty cents"), ("$1.05 billion", "one point zero five billion dollars"),
         ("$1,500 million", "one thousand five hundred million dollars"), ("$2.5M", "two point five million dollars"),
         ("\u00a33bn", "three billion pounds"),
+        ("$2,345", "two thousand three hundred forty-five dollars"),
+        ("$2,345.67", "two thousand three hundred forty-five dollars, sixty-seven cents"),
+        ("$1,000,000.01", "one million dollars, one cent"),
     ],
 )
 def test_money_is_said_in_its_currency(text, spoken):

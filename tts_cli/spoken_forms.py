@@ -134,6 +134,9 @@ _MONEY_SCALED = re.compile(r"([$\u00a3\u20ac\u00a5])([0-9][0-9,]*(?:\.[0-9]+)?)(
                            r"|(k|K|M|bn|B)\b)", re.IGNORECASE)
 _DOLLAR_TENTHS = re.compile(r"(\$[0-9][0-9,]*\.[0-9])(?![0-9])")
 _MONEY = re.compile(r"([\u00a3\u20ac\u00a5])([0-9][0-9,]*)(?:\.([0-9]{1,2}))?(?![0-9])")
+# Dollars with thousands' commas, which the reference would read as a year
+# ("$2,345" -> "twenty-three forty-five dollars"): said as a count below.
+_DOLLARS_GROUPED = re.compile(r"(\$)([0-9]{1,3}(?:,[0-9]{3})+)(?:\.([0-9]{1,2}))?(?![0-9])")
 _NUMBER_SIGN = re.compile(r"(?<!\w)#\s?([0-9])")
 # A minus sign before a number ("-5%", "-$3"), not a hyphen inside a word or range.
 _MINUS = re.compile(r"(?<![\w.,)\]])[-\u2212](?=[$\u00a3\u20ac\u00a5]?[0-9])")
@@ -243,6 +246,7 @@ _SPOKEN_FORM_RULES: tuple[tuple[re.Pattern, Callable[[re.Match], str] | str], ..
     (_MONEY_SCALED, _money_scaled),
     (_DOLLAR_TENTHS, r"\g<1>0"),
     (_MONEY, _money),
+    (_DOLLARS_GROUPED, _money),
     (_MINUS, "minus "),
     (_NUMBER_SIGN, r"number \1"),
     (_UNIT, _measure),
