@@ -65,8 +65,10 @@ class Alone:
         _clear_earlier_job(manifest)
 
     def finish(self, manifest: ManifestJournal, mine: ManifestJournal, share: Share, writer,
-               signals: StopOnSignals) -> None:
-        """Nothing to wait for: the rows are in the manifest."""
+               signals: StopOnSignals) -> bool:
+        """Nothing to wait for: the rows are in the manifest. Whether the job
+        is done (every line has its row, whatever signal came late)."""
+        return manifest.complete
 
 
 class Together:
@@ -120,27 +122,34 @@ class Together:
         self._together(self.distributed.barrier)
 
     def finish(self, manifest: ManifestJournal, mine: ManifestJournal, share: Share, writer,
-               signals: StopOnSignals) -> None:
+               signals: StopOnSignals) -> bool:
         """A process that finished its share waits for the others here; when
         torchrun stops the job (another process died), the signal ends the
         wait and is reported as the interruption it is: this process's rows
-        are saved."""
+        are saved, with those of the lines it owns whose pieces were all made.
+        Whether the job is done: past the merge, every process's rows are
+        saved (rank 0 has merged them), whatever signal came late."""
         if signals.stop.is_set():
-            return
+            self._write_shared_lines(share, writer, mine, made_only=True)
+            return False
         try:
-            self._finish_shared_lines(share, writer, mine)
+            self._together(self.distributed.barrier, saved=mine.path)
+            self._write_shared_lines(share, writer, mine)
             self._merge(manifest, mine)
         except FatalError:
             if signals.received is None:
                 raise
+            return False
+        return True
 
-    def _finish_shared_lines(self, share: Share, writer, mine: ManifestJournal) -> None:
-        """Once every process has made its batches, each writes the lines it
-        owns whose pieces were made elsewhere too, from the pieces' files."""
-        self._together(self.distributed.barrier, saved=mine.path)
+    def _write_shared_lines(self, share: Share, writer, mine: ManifestJournal, made_only: bool = False) -> None:
+        """Each process writes the lines it owns whose pieces were made
+        elsewhere too, from the pieces' files: once every process has made
+        its batches, all of them; stopped early (``made_only``), those whose
+        pieces are all there, so that no finished line is made again."""
         failure = None
         for p in share.lines:
-            if p not in share.shared:
+            if p not in share.shared or made_only and not writer.pieces_made(p):
                 continue
             p.results = [writer.read_piece(p, i) for i in range(len(p.pieces))]
             try:
@@ -151,6 +160,7 @@ class Together:
             finally:
                 p.results.clear()
             writer.remove_pieces(p)
+            mine.save()
         mine.save(final=True)
         if failure is not None:
             raise OutputError(cannot_write(writer.out_dir, failure))

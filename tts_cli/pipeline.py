@@ -176,8 +176,10 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         layout = Layout.for_corpus(settings.audio_format, settings.shard_size,
                                    max((u.line for u in utterances), default=0))
         writer = LineWriter(settings, layout, out_dir, seed, voice.sample_rate)
+        # before any save: a journal saved by a process whose take-over failed
+        # would replace, unmerged, the earlier job's partial of the same name
+        together.take_over(manifest)
         try:
-            together.take_over(manifest)
             if (share.batches or plan.unread) and not stop.is_set():
                 windows = _windows(share, reader, batch_size, device, manifest, checkpoint, together)
                 mine = len(share.lines) + (to_do - len(plan.pending)) // together.processes
@@ -189,7 +191,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                 raise OutputError(cannot_write(out_dir, e)) from None
             finally:
                 checkpoint.save(final=True)
-        together.finish(manifest, checkpoint, share, writer, signals)
+        done = together.finish(manifest, checkpoint, share, writer, signals)
         if together.removes_temp_files and signals.received is None:   # one process looks: rank 0, or alone
             _report_orphans(out_dir, manifest.named, settings.prune, on_notice)
             if writer.shards is not None and (to_do or len(previous) or settings.prune):   # lines made again, or gone
@@ -202,7 +204,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                              made=to_do - reader.without_audio, retried=manifest.retried.count(1),
                              failed=manifest.lines_of(manifest.failed), unsaid=manifest.lines_of(manifest.unsaid))
         progress = checkpoint.progress()
-    if signals.received is not None:
+    if signals.received is not None and not done:   # a signal after the last line stopped nothing
         raise Interrupted(signals.received, summary, checkpoint.path, *progress)
     return summary
 

@@ -144,6 +144,11 @@ class LineWriter:
             return _MadeElsewhere(f"piece {i + 1} made by another process could not be read "
                                   f"({first_line(e)}); run the same command again")
 
+    def pieces_made(self, p: PendingLine) -> bool:
+        """Whether every piece of a shared line has its file (each is written
+        whole or not at all)."""
+        return all(self._piece_path(p, i).is_file() for i in range(len(p.pieces)))
+
     def remove_pieces(self, p: PendingLine) -> None:
         for i in range(len(p.pieces)):
             with contextlib.suppress(OSError):
