@@ -42,24 +42,9 @@ from unidecode import unidecode
 from tts_cli.formats import NORMALIZATIONS
 from tts_cli.spoken_forms import spoken_forms
 
-__all__ = [
-    "SYMBOLS",
-    "PAD_ID",
-    "NORMALIZATIONS",
-    "Reading",
-    "UnsupportedTextError",
-    "clean_text",
-    "expand_numbers",
-    "spoken_forms",
-    "spoken",
-    "read",
-    "text_to_sequence",
-    "sequence_to_text",
-    "normalize",
-    "foreign_letters",
-    "words_lost",
-    "is_speakable",
-]
+__all__ = ["SYMBOLS", "PAD_ID", "NORMALIZATIONS", "Reading", "UnsupportedTextError", "clean_text", "expand_numbers",
+           "spoken_forms", "spoken", "read", "text_to_sequence", "sequence_to_text", "normalize", "foreign_letters",
+           "words_lost", "is_speakable"]
 
 
 # --------------------------------------------------------------------------
@@ -421,16 +406,23 @@ def read(text: str, normalization: str = "reference") -> Reading:
         raise ValueError(f"text normalization must be one of {', '.join(NORMALIZATIONS)}, not {normalization!r}")
     ids: list[int] = []
     dropped: dict[str, None] = {}
+    for plain, phones in _segments(text):
+        plain_ids, unsaid = _read_plain(plain, normalization)
+        ids += plain_ids + (_phone_ids(phones) if phones is not None else [])
+        dropped.update(dict.fromkeys(unsaid))
+    return Reading(ids, sequence_to_text(ids), "".join(dropped))
+
+
+def _segments(text: str):
+    """(text before a brace pair, its phones), ..., (the rest, None), as
+    the reference finds them (_BRACED_PHONES)."""
     while text:
         match = _BRACED_PHONES.match(text)
-        plain_ids, unsaid = _read_plain(text if match is None else match["before"], normalization)
-        ids += plain_ids
-        dropped.update(dict.fromkeys(unsaid))
         if match is None:
-            break
-        ids += _phone_ids(match["phones"])
+            yield text, None
+            return
+        yield match["before"], match["phones"]
         text = match["after"]
-    return Reading(ids, sequence_to_text(ids), "".join(dropped))
 
 
 def spoken(text: str, normalization: str) -> str:
@@ -441,15 +433,8 @@ def spoken(text: str, normalization: str) -> str:
     so that no cut parts a spoken form ("$3.5 million", "14:25 Dec. 24")."""
     if normalization == "reference":
         return text
-    parts = []
-    while text:
-        match = _BRACED_PHONES.match(text)
-        parts.append(spoken_forms(text if match is None else match["before"]))
-        if match is None:
-            break
-        parts.append("{" + match["phones"] + "}")
-        text = match["after"]
-    return "".join(parts)
+    return "".join(spoken_forms(plain) + (f"{{{phones}}}" if phones is not None else "")
+                   for plain, phones in _segments(text))
 
 
 def text_to_sequence(text: str, normalization: str = "reference") -> list[int]:
