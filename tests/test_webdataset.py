@@ -190,3 +190,11 @@ def test_a_line_made_again_leaves_no_second_copy_in_its_earlier_shard_once_prune
     assert json.loads(found["shard-000001.tar"]["b.json"])["text"] == texts["b"] == "A new world."
     settled = run([corpus, "-o", out, "--format", "ljspeech"], tiny_checkpoints)
     assert "3 reused" in settled.output and "earlier shard" not in settled.output
+
+
+def test_a_shard_size_that_cannot_act_in_this_layout_is_said(tmp_path, tiny_checkpoints):
+    corpus, out = write(tmp_path / "c.txt", LINES[:2]), tmp_path / "out"
+    result = run([corpus, "-o", out, "--shard-size", "1"], tiny_checkpoints)
+    assert result.exit_code == 0 and "--shard-size: no effect with --layout webdataset" in result.output
+    unset = run([corpus, "-o", tmp_path / "other"], tiny_checkpoints)
+    assert unset.exit_code == 0 and "--shard-size" not in unset.output

@@ -24,7 +24,7 @@ from tts_cli import output_lock, resume
 from tts_cli.config import BATCH_SIZES, SHORTEST_FIRST, Settings
 from tts_cli.coordination import Alone, Share, Together, coordinator
 from tts_cli.corpus import Utterance
-from tts_cli.formats import Layout, is_shard_folder
+from tts_cli.formats import SHARD_SIZE, Layout, is_shard_folder
 from tts_cli.devices import device_type, open_cuda_early
 from tts_cli.errors import FatalError, OutputError, OutputNotice, cannot_write
 from tts_cli.planning import PendingLine, WindowReader, batch_plan, collector_paused, plan_lines
@@ -145,7 +145,9 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     with contextlib.closing(previous):
         plan = plan_lines(utterances, settings, seed, identity, previous, out_dir, keep=manifest.keep)
     to_do = len(plan.pending) + sum(len(window) for window in plan.unread)
-    notices: list[str] = [*voice.notices, _plan_line(utterances, to_do, plan.reused, voice)]
+    unused = (["--shard-size: no effect with --layout webdataset, whose tar shards hold about 1 GB each"]
+              if settings.layout == "webdataset" and settings.shard_size != SHARD_SIZE else [])
+    notices: list[str] = [*voice.notices, *unused, _plan_line(utterances, to_do, plan.reused, voice)]
     for notice in notices:
         on_notice(notice)
     # nothing to make and every row as the manifest holds it, in its order: no need to write it again
