@@ -865,6 +865,7 @@ def test_an_unknown_normalization_is_refused():
         # A character with no transliteration at all, and an emoji.
         ("a\u0241b", "extended", "\u0241", "\u0241"),
         ("Great \U0001F600", "extended", "\U0001F600", "\U0001F600"),
+        ("See example.com/\U0001F600 ok", "extended", "\U0001F600", "\U0001F600"),   # inside an address too
         # Said, if not as written: transliterated letters and accents are not dropped.
         ("\u65e5\u672c\u8a9e", "extended", "", ""),
         ("Cafe\u0301 cr\u00e8me", "extended", "", ""),

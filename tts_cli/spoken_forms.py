@@ -41,7 +41,10 @@ _TOP_LEVEL_DOMAINS = r"\.(?:com|org|net|edu|gov|io|info|uk|de|eu)\b"
 _DOMAIN = re.compile(r"(?<![\w@./-])[A-Za-z0-9][A-Za-z0-9-]*(?:\.[A-Za-z0-9-]+)*" + _TOP_LEVEL_DOMAINS
                      + r"(?![.-]?\w)(?:/[^\s<>\"']*" + _ADDRESS_END + ")?")
 _SCHEME = re.compile(r"^(?:[a-z]+://)?(?:www\.)?", re.IGNORECASE)
-_ADDRESS_PARTS = re.compile(r"[^\W\d_]+|[0-9]+|[@./+]")
+# Words of any script, numbers, the marks that are said, and any other
+# character outside ASCII (an emoji), kept for the cleaners to drop and
+# the row's "dropped" to name.
+_ADDRESS_PARTS = re.compile(r"[^\W\d_]+|[0-9]+|[@./+]|[^\x00-\x7f]")
 _ADDRESS_MARKS = {"@": "at", ".": "dot", "/": "slash", "+": "plus"}
 # A run of more digits than this in an address (an id, a phone number) is
 # said a digit at a time, not as one number.
