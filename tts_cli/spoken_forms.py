@@ -129,7 +129,7 @@ _DEGREES = re.compile(r"(?<![\w.])([-\u2212])?([0-9]+(?:\.[0-9]+)?)\s?(°\s?[CFK
 _SCALES = {"C": "celsius", "F": "fahrenheit", "K": "kelvin", "\u2103": "celsius", "\u2109": "fahrenheit"}
 # Money. The reference reads "$3.50" and "$1" itself; it reads "$3.5
 # million" as "3 dollars, 5 cents million", "$1.5" as "1 dollar, 5 cents",
-# and other currencies not at all ("\u00a35" became "ps5").
+# and other currencies not at all ("\u00a35" reads "ps5").
 _CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "\u00a3": ("pound", "pounds", "penny", "pence"),
                "\u20ac": ("euro", "euros", "cent", "cents"), "\u00a5": ("yen", "yen", "", "")}
 _SCALE_WORDS = {"k": "thousand", "K": "thousand", "M": "million", "bn": "billion", "B": "billion"}
