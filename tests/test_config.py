@@ -20,18 +20,20 @@ def test_command_line_values_override_the_recipe_and_none_means_unset(tmp_path):
     assert (s.sigma, s.batch_size) == (0.5, 3)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("sigmaa: 1\n", "unknown key"),
-    ("batch_size: many\n", "batch_size must be int"),
-    ("gate_threshold: 1.5\n", "gate_threshold must be between 0 and 1"),
-    ("format: csv\n", "format must be one of"),
-    ("- just a list\n", "mapping"),
-    ("sigma: [\n", "not valid YAML"),
-    ("save_mels: 1\n", "save_mels must be bool"),
+@pytest.mark.parametrize("data, message", [
+    (b"sigmaa: 1\n", "unknown key"),
+    (b"batch_size: many\n", "batch_size must be int"),
+    (b"gate_threshold: 1.5\n", "gate_threshold must be between 0 and 1"),
+    (b"format: csv\n", "format must be one of"),
+    (b"- just a list\n", "mapping"),
+    (b"sigma: [\n", "not valid YAML"),
+    (b"save_mels: 1\n", "save_mels must be bool"),
+    (b"sigma: 0.5\n\xff\n", "not UTF-8 text"),
+    (b"1: 2\n", "unknown key.* 1;"),
 ])
-def test_bad_recipes_fail_with_one_line_naming_the_file(tmp_path, text, message):
+def test_bad_recipes_fail_with_one_line_naming_the_file(tmp_path, data, message):
     recipe = tmp_path / "bad.yaml"
-    recipe.write_text(text)
+    recipe.write_bytes(data)
     with pytest.raises(ConfigError, match=message) as e:
         load_settings(str(recipe))
     assert str(recipe) in str(e.value) and "\n" not in str(e.value)
@@ -90,18 +92,6 @@ def test_a_whole_number_for_a_float_setting_is_that_float(tmp_path):
     assert from_recipe == given and type(from_recipe.sigma) is float and type(from_recipe.denoiser_strength) is float
     with pytest.raises(ConfigError, match="batch_size must be int, got 3.0"):
         Settings(batch_size=3.0)
-
-
-@pytest.mark.parametrize("data, message", [
-    (b"sigma: 0.5\n\xff\n", "not UTF-8 text"),
-    (b"1: 2\n", "unknown key.* 1;"),
-])
-def test_a_recipe_of_odd_bytes_or_keys_is_one_line(tmp_path, data, message):
-    recipe = tmp_path / "odd.yaml"
-    recipe.write_bytes(data)
-    with pytest.raises(ConfigError, match=message) as e:
-        load_settings(str(recipe))
-    assert str(recipe) in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_recipe_s_switch_can_be_turned_off_on_the_command_line(tmp_path):

@@ -132,23 +132,28 @@ _SCALES = {"C": "celsius", "F": "fahrenheit", "K": "kelvin", "\u2103": "celsius"
 # and other currencies not at all ("\u00a35" reads "ps5").
 _CURRENCIES = {"$": ("dollar", "dollars", "cent", "cents"), "\u00a3": ("pound", "pounds", "penny", "pence"),
                "\u20ac": ("euro", "euros", "cent", "cents"), "\u00a5": ("yen", "yen", "", "")}
+# The currencies' signs for a character class, and the class of one sign:
+# any, or any but "$" (the reference reads dollars itself).
+_SIGNS = re.escape("".join(_CURRENCIES))
+_SIGN = f"[{_SIGNS}]"
+_SIGN_NOT_DOLLAR = "[" + re.escape("".join(sign for sign in _CURRENCIES if sign != "$")) + "]"
 _SCALE_WORDS = {"k": "thousand", "K": "thousand", "M": "million", "bn": "billion", "B": "billion"}
-_MONEY_SCALED = re.compile(r"([$\u00a3\u20ac\u00a5])([0-9][0-9,]*(?:\.[0-9]+)?)(?:\s(thousand|million|billion|trillion)\b"
+_MONEY_SCALED = re.compile("(" + _SIGN + r")([0-9][0-9,]*(?:\.[0-9]+)?)(?:\s(thousand|million|billion|trillion)\b"
                            r"|(k|K|M|bn|B)\b)", re.IGNORECASE)
 _DOLLAR_TENTHS = re.compile(r"(\$[0-9][0-9,]*\.[0-9])(?![0-9])")
-_MONEY = re.compile(r"([\u00a3\u20ac\u00a5])([0-9][0-9,]*)(?:\.([0-9]{1,2}))?(?![0-9])")
+_MONEY = re.compile("(" + _SIGN_NOT_DOLLAR + r")([0-9][0-9,]*)(?:\.([0-9]{1,2}))?(?![0-9])")
 # Dollars with thousands' commas, which the reference would read as a year
 # ("$2,345" -> "twenty-three forty-five dollars"): said as a count below.
 _DOLLARS_GROUPED = re.compile(r"(\$)([0-9]{1,3}(?:,[0-9]{3})+)(?:\.([0-9]{1,2}))?(?![0-9])")
 _NUMBER_SIGN = re.compile(r"(?<!\w)#\s?([0-9])")
 # A minus sign before a number ("-5%", "-$3"), not a hyphen inside a word or range.
-_MINUS = re.compile(r"(?<![\w.,)\]])[-\u2212](?=[$\u00a3\u20ac\u00a5]?[0-9])")
+_MINUS = re.compile(r"(?<![\w.,)\]])[-\u2212](?=" + _SIGN + "?[0-9])")
 # "1,234": the reference reads a number of 1,001-2,999 as a year ("twenty-three
 # forty-five") even with its comma, which only a count has.
-_THOUSANDS = re.compile(r"(?<![\w.,$\u00a3\u20ac\u00a5])([12]),([0-9]{3})(?![0-9]|,[0-9])")
+_THOUSANDS = re.compile(r"(?<![\w.," + _SIGNS + r"])([12]),([0-9]{3})(?![0-9]|,[0-9])")
 # A decimal's digits after the point are said one by one ("3.14" -> "3 point
 # 1 4"); the reference reads them as a number ("0.05" as "zero point five").
-_DECIMAL = re.compile(r"(?<![\w.,$\u00a3\u20ac\u00a5])([0-9][0-9,]*)\.([0-9]{2,})(?!\.?[0-9])")
+_DECIMAL = re.compile(r"(?<![\w.," + _SIGNS + r"])([0-9][0-9,]*)\.([0-9]{2,})(?!\.?[0-9])")
 # "/" between numbers ("1/2", "12/05/2026"), which the reference drops, gluing them.
 _NUMBER_SLASH = re.compile(r"(?<=[0-9])/(?=[0-9])")
 
