@@ -152,6 +152,20 @@ def test_usage_errors_exit_2(tmp_path):
         assert result.exit_code == 2 and f"--device {device}: use cuda, cuda:N or cpu" in result.output
 
 
+def test_a_usage_mistake_is_one_line_naming_the_option(tmp_path):
+    (tmp_path / "c.txt").write_text("hello\n")
+    corpus = str(tmp_path / "c.txt")
+    for args, named in (([corpus, "-o", "out", "--batch-size", "0"], "--batch-size"),
+                        ([corpus, "-o", "out", "--bogus"], "--bogus"),
+                        ([corpus], "--output"),
+                        ([corpus, "-o", "out", "--tacotron2", str(tmp_path)], "is a directory"),
+                        (["export", str(tmp_path / "none")], "does not exist")):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2
+        assert result.output.count("\n") == 1 and result.output.startswith("tts-batch: error: ")
+        assert named in result.output and "--help" in result.output
+
+
 def test_help_lists_the_options():
     result = CliRunner().invoke(main, ["synth", "--help"])
     for option in ("--tacotron2", "--waveglow", "--sigma", "--denoiser-strength", "--max-decoder-steps",
@@ -388,6 +402,15 @@ def test_a_quiet_run_still_says_the_demo_voice_stands_in(tmp_path):
     assert done.returncode == 0, done.stderr
     [line] = done.stderr.splitlines()
     assert "using the demo voice" in line and "running on CPU" not in done.stderr
+
+
+def test_a_quiet_run_still_says_a_precision_asked_for_is_not_used(tmp_path, tiny_checkpoints):
+    """--precision fp16 on a CPU runs in fp32: a cron job that asked for it hears so."""
+    done = quiet_run(tmp_path, b"Hello there.\n", "--precision", "fp16", "--tacotron2", str(tiny_checkpoints[0]),
+                     "--waveglow", str(tiny_checkpoints[1]), "--no-check-alignment")
+    assert done.returncode == 0
+    [line] = done.stderr.splitlines()
+    assert "warning" in line and "--precision fp16 is for CUDA" in line
 
 
 def test_a_quiet_run_still_says_the_corpus_looks_misread(tmp_path, tiny_checkpoints):

@@ -714,6 +714,16 @@ def test_an_empty_corpus_over_a_manifest_with_rows_is_refused_and_the_manifest_k
     assert forced.exit_code == 0 and (out / "manifest.jsonl").read_bytes() == b""
 
 
+def test_an_empty_corpus_into_a_new_folder_writes_nothing_and_names_no_manifest(tmp_path, tiny_checkpoints):
+    tacotron2, waveglow = tiny_checkpoints
+    out = tmp_path / "out"
+    empty = CliRunner().invoke(main, ["-", "-o", str(out), "--tacotron2", str(tacotron2), "--waveglow", str(waveglow),
+                                      "--device", "cpu"], input="")
+    assert empty.exit_code == 0 and not out.exists()
+    assert "the corpus has no lines" in empty.output and "nothing written" in empty.output
+    assert "manifest.jsonl" not in empty.output
+
+
 def test_a_row_whose_field_has_the_wrong_type_is_one_line_naming_it(tmp_path, tiny_checkpoints):
     out = tmp_path / "out"
     corpus = write(tmp_path, LINES[:2])

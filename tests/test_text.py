@@ -721,6 +721,7 @@ def test_units_after_numbers_are_said(text, spoken):
         ("Jan. 5, 2020", "january fifth, twenty twenty"),
         ("5 Sept 1999", "the fifth of september nineteen ninety-nine"),
         ("DECEMBER 25", "december twenty-fifth"),
+        ("DEC. 24", "december twenty-fourth"), ("24 SEPT", "the twenty-fourth of september"),
         ("April 11", "april eleventh"), ("April 12", "april twelfth"), ("April 13", "april thirteenth"),
         ("April 22", "april twenty-second"), ("April 31", "april thirty-first"),
         # Only beside a month's name as names are written, and only days.

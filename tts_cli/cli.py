@@ -33,12 +33,30 @@ def fatal(message: str) -> None:
 
 
 class DefaultToSynth(click.Group):
-    """``tts-batch CORPUS ...`` runs ``synth``; ``tts-batch bench`` the benchmark."""
+    """``tts-batch CORPUS ...`` runs ``synth``; ``tts-batch bench`` the benchmark.
+    A usage mistake (an unknown option, a value out of range, a missing
+    ``-o``) is one line, as every other error is, not click's usage block."""
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = ["synth", *args]
         return super().parse_args(ctx, args)
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            status = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as e:
+            command = e.ctx.command_path if e.ctx is not None else "tts-batch"
+            fatal(f"{e.format_message()} ({command} --help lists the options)")
+        except click.ClickException as e:
+            click.echo(f"tts-batch: error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(status if isinstance(status, int) else 0)
 
 
 @click.group(cls=DefaultToSynth, context_settings={"help_option_names": ["-h", "--help"]})
@@ -343,7 +361,8 @@ def _notices(quiet: bool):
 def _summary_lines(summary, out_dir: Path) -> str:
     manifest = out_dir / "manifest.jsonl"
     if not summary.lines:
-        return f"the corpus has no lines: nothing to do; manifest: {manifest}"
+        written = f"manifest: {manifest}" if manifest.exists() else f"nothing written to {out_dir}"
+        return f"the corpus has no lines: nothing to do; {written}"
     seed = f"seed {summary.seed}" + (f" ({summary.seed_source})" if summary.seed_source != "given" else "")
     if summary.made == 0:
         return (f"nothing to do: {_counts(summary)}; {summary.reused:,} reused from an earlier run "

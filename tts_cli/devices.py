@@ -22,7 +22,7 @@ import re
 import threading
 from pathlib import Path
 
-from tts_cli.errors import FatalError
+from tts_cli.errors import FatalError, OutputNotice
 
 # A line of torch/version.py naming the CUDA or ROCm version it was built for.
 _GPU_BUILD = re.compile(r"^(cuda|hip)\b[^=\n]*=\s*['\"]", re.M)
@@ -72,11 +72,12 @@ def device_type(device: str) -> str:
 
 def expected_precision(device: str, requested: str | None) -> tuple[str, str | None]:
     """The precision to run in on ``device`` and a one-line notice when the
-    request was changed: fp16 by default on CUDA; fp32 always on CPU."""
+    request was changed: fp16 by default on CUDA; fp32 always on CPU (a
+    precision asked for and not given is said even under --quiet)."""
     if device_type(device) == "cpu":
         if requested in (None, "fp32"):
             return "fp32", CPU_NOTICE if requested is None else None
-        return "fp32", f"--precision {requested} is for CUDA; running on CPU in fp32"
+        return "fp32", OutputNotice(f"--precision {requested} is for CUDA; running on CPU in fp32")
     return requested or "fp16", None
 
 

@@ -92,8 +92,9 @@ def _hour(match: re.Match) -> str:
 # 3" is left alone); abbreviated months are said in full.
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
            "October", "November", "December")
+_SHORT_MONTHS = {**{m[:3]: m for m in _MONTHS if len(m) > 3}, "Sept": "September"}
 _MONTH_NAMES = {**{m: m for m in _MONTHS}, **{m.upper(): m for m in _MONTHS},
-                **{m[:3]: m for m in _MONTHS if len(m) > 3}, "Sept": "September"}
+                **_SHORT_MONTHS, **{short.upper(): m for short, m in _SHORT_MONTHS.items()}}
 _MONTH = "(" + "|".join(sorted(_MONTH_NAMES, key=len, reverse=True)) + r")\b(\.?)"
 _MONTH_DAY = re.compile(_MONTH + r"\s+([0-9]{1,2})(?:st|nd|rd|th)?\b(?![:.,]?[0-9])")
 _DAY_MONTH = re.compile(r"(?<![\w.,:])(?:[Tt]he\s+)?([0-9]{1,2})(?:st|nd|rd|th)?(?:\s+of)?\s+" + _MONTH)
