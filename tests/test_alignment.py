@@ -277,6 +277,7 @@ def test_a_cut_lines_alignment_is_given_per_piece(tmp_path, voices):
     assert rows[0]["pieces"] == len(a["pieces"]) >= 2
     assert a["coverage"] == min(p["coverage"] for p in a["pieces"])
     assert a["attempts"] == sum(p["attempts"] for p in a["pieces"])
+    assert a["attempt"] == max(p["attempt"] for p in a["pieces"])
 
 
 @pytest.mark.parametrize("option, value", [("--min-coverage", "1.5"), ("--retries", "-1"),

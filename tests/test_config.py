@@ -27,6 +27,7 @@ def test_command_line_values_override_the_recipe_and_none_means_unset(tmp_path):
     (b"format: csv\n", "format must be one of"),
     (b"- just a list\n", "mapping"),
     (b"sigma: [\n", "not valid YAML"),
+    (b"sigma: 0.5\nbatch_size: [8\n", r"line 3, column 1: not valid YAML \(expected ',' or ']'"),
     (b"save_mels: 1\n", "save_mels must be bool"),
     (b"sigma: 0.5\n\xff\n", "not UTF-8 text"),
     (b"1: 2\n", "unknown key.* 1;"),

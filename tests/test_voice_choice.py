@@ -53,6 +53,7 @@ def workdir(tmp_path, monkeypatch):
     place checkpoints are looked for."""
     folder = (tmp_path / "checkpoints").resolve()
     folder.mkdir()
+    (folder / "README.md").write_text("where to get NVIDIA's voice\n")   # as the shipped folder has
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("tts_cli.voice.checkpoint_dirs", lambda: [folder])
     (tmp_path / "corpus.txt").write_text("Hello there.\nIt cost $3.50 in 1963.\n")
@@ -88,6 +89,19 @@ def test_with_nothing_published_the_demo_voice_speaks_and_says_so_once(workdir, 
     rows = manifest(workdir / "out")
     assert [r["status"] in ("ok", "suspect", "truncated") for r in rows] == [True, True]
     assert sorted(mtimes(workdir / "out")) == ["000001.wav", "000002.wav"]
+
+
+def test_an_installed_demo_voice_points_at_the_guide_installed_beside_it(workdir, demo_files, monkeypatch):
+    """pip install puts checkpoints/ (demo files and README) in the package as
+    tts_cli/demo_voice/: the notice names the README that exists there."""
+    installed = (workdir / "site" / "tts_cli" / "demo_voice").resolve()
+    installed.mkdir(parents=True)
+    for name in DEMO_FILES.values():
+        shutil.copy(demo_files / name, installed / name)
+    (installed / "README.md").write_text("guide\n")
+    monkeypatch.setattr("tts_cli.voice.checkpoint_dirs", lambda: [workdir / "checkpoints", installed])
+    [notice] = notices(synth())
+    assert notice.endswith("(see site/tts_cli/demo_voice/README.md)")
 
 
 def test_quiet_hides_the_notice_as_it_hides_the_others(workdir, demo_files):

@@ -90,15 +90,17 @@ def best(healths: list[Health], t: Settings) -> int:
 
 def line_record(pieces: list[Checked], t: Settings) -> dict:
     """A manifest row's ``alignment``: its one piece's entry; for a cut
-    line, the worst of its pieces' measures and the attempts of all, with
-    each piece's own entry under ``pieces``."""
+    line, the worst of its pieces' measures, the latest attempt any piece
+    kept and the attempts made for all, with each piece's own entry under
+    ``pieces``."""
     entries = [p.record(t) for p in pieces]
     if len(entries) == 1:
         return entries[0]
     worst = {"coverage": min, "focus": min, "backward_jump": max, "forward_jump": max,
              "symbols_left": max, "reached_end": all, "frames_per_symbol": max}
     line = {key: pick(e[key] for e in entries) for key, pick in worst.items()}
-    line["attempts"] = sum(e["attempts"] for e in entries)   # a piece's kept attempt: under pieces
+    line["attempt"] = max(e["attempt"] for e in entries)
+    line["attempts"] = sum(e["attempts"] for e in entries)
     return {**line, "pieces": entries}
 
 

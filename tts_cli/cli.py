@@ -137,7 +137,8 @@ def _others_working() -> bool:
               help=f"Sample format (float32: WAV only). {default_help('sample_format')}")
 @click.option("--audio-format", type=click.Choice(AUDIO_FORMATS),
               help=f"Audio file format, wavs/<id>.wav or .flac. {default_help('audio_format')}")
-@click.option("--save-mels/--no-save-mels", default=None, help="Also write mels/<id>.npy ([n_mel, frames] float32).")
+@click.option("--save-mels/--no-save-mels", default=None,
+              help=f"Also write mels/<id>.npy ([n_mel, frames] float32). {default_help('save_mels')}")
 @click.option("--layout", type=click.Choice(LAYOUTS),
               help="files: one audio file a line in wavs/; webdataset: each line's audio and row in tar "
                    f"shards of about 1 GB in shards/, as WebDataset reads them. {default_help('layout')}")
@@ -173,16 +174,17 @@ def _others_working() -> bool:
               help=f"Most mel frames per input symbol. {default_help('max_frames_per_symbol')}")
 @click.option("--strict/--no-strict", default=None,
               help="Exit 1 when a line is suspect or truncated, as when one fails (for jobs that must not "
-                   "publish bad audio).")
+                   f"publish bad audio). {default_help('strict')}")
 @click.option("--force/--no-force", default=None,
-              help="Redo every line; by default a re-run keeps the WAVs an earlier run finished.")
+              help="Redo every line; by default a re-run keeps the WAVs an earlier run finished. "
+                   f"{default_help('force')}")
 @click.option("--prune/--no-prune", default=None,
               help="Remove the WAVs and mels in OUT that no manifest row names (left by an earlier corpus), and "
                    "rewrite the tar shards holding lines no row places there; without it the run counts them "
-                   "in one line.")
+                   f"in one line. {default_help('prune')}")
 @click.option("-q", "--quiet/--no-quiet", default=None,
               help="No progress bar, summary or notices; what changes the output (the demo voice standing in, a "
-                   "corpus that looks misread) and a run that fails still say so in one line.")
+                   f"corpus that looks misread) and a run that fails still say so in one line. {default_help('quiet')}")
 def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **options):
     """Synthesize every line of CORPUS (- reads standard input) into
     OUT/wavs/<id>.wav and OUT/manifest.jsonl."""
@@ -394,12 +396,14 @@ def _per_process(summary) -> str:
 @click.option("--format", "format_", type=click.Choice(CORPUS_FORMATS), default="ljspeech",
               show_default=True, help="Corpus format.")
 @click.option("--lines", type=click.IntRange(min=1), help="Use only the first N lines.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=BATCH_SIZES["cuda"], show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=BATCH_SIZES["cuda"], show_default=True,
+              help="Most lines per batch.")
 @click.option("--baseline-lines", type=click.IntRange(min=1), default=10, show_default=True,
               help="Lines run through the naive batch-of-one loop for the speed-up ratio.")
 @click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available; under "
               "torchrun each process takes the GPU of its LOCAL_RANK]")
-@click.option("--precision", type=click.Choice(PRECISION_NAMES))
+@click.option("--precision", type=click.Choice(PRECISION_NAMES),
+              help=f"Model dtype. {default_help('precision')}")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON here (under torchrun: rank 0 writes it).")
 @click.option("--end-to-end-only", is_flag=True,

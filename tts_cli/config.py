@@ -197,6 +197,14 @@ def default_help(name: str) -> str:
     return f"[default: {shown}]"
 
 
+def _yaml_error(where: str, e: yaml.YAMLError) -> str:
+    """One line: the recipe, the line and column where YAML gave up, why."""
+    mark = getattr(e, "problem_mark", None)
+    at = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{where}{at}: not valid YAML ({problem}); fix the recipe"
+
+
 def builtin_recipes() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("tts_cli.recipes").iterdir()
                   if p.name.endswith(".yaml"))
@@ -234,7 +242,7 @@ def load_settings(recipe: str = DEFAULT_RECIPE, overrides: dict[str, Any] | None
     try:
         values = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(_yaml_error(where, e)) from None
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: a recipe is a mapping of setting: value")
     unknown = sorted(map(str, set(values) - set(FIELDS)))

@@ -143,8 +143,10 @@ def _demo_notice(demo: dict[str, Path], published: dict[str, Path | None]) -> st
     missing = " and ".join(PUBLISHED_FILES[kind] for kind, path in published.items() if path is None)
     found = " and ".join(PUBLISHED_FILES[kind] for kind, path in published.items() if path is not None)
     todo = f"put {missing} in checkpoints/" + (f" too (only {found} was found)" if found else "")
+    guide = next(iter(demo.values())).parent / "README.md"   # shipped beside the demo files, installed or not
+    see = f" (see {_shown(guide)})" if guide.is_file() else ""
     return OutputNotice(f"using the demo voice ({where}; robotic, for trying the tool): "
-                        f"for NVIDIA's voice {todo} (see checkpoints/README.md)")
+                        f"for NVIDIA's voice {todo}{see}")
 
 
 def _shown(path: Path) -> str:
