@@ -25,6 +25,8 @@ def test_command_line_values_override_the_recipe_and_none_means_unset(tmp_path):
     (b"batch_size: many\n", "batch_size must be int"),
     (b"gate_threshold: 1.5\n", "gate_threshold must be between 0 and 1"),
     (b"format: csv\n", "format must be one of"),
+    (b"sample_rate: 16\n", "sample_rate must be between 8000 and 192000 Hz"),
+    (b"sample_rate: 700000\n", "sample_rate must be between 8000 and 192000 Hz"),
     (b"- just a list\n", "mapping"),
     (b"sigma: [\n", "not valid YAML"),
     (b"sigma: 0.5\nbatch_size: [8\n", r"line 3, column 1: not valid YAML \(expected ',' or ']'"),

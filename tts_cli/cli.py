@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from tts_cli.config import (AUDIO_FORMATS, BATCH_SIZES, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
-                            SAMPLE_FORMATS, ConfigError, load_settings)
+                            SAMPLE_FORMATS, SAMPLE_RATES, ConfigError, load_settings)
 from tts_cli.formats import LAYOUTS, NORMALIZATIONS
 from tts_cli.manifest import plural
 
@@ -130,7 +130,7 @@ def _others_working() -> bool:
                    f"{default_help('prenet_dropout')}")
 @click.option("--seed", type=click.IntRange(min=0),
               help=f"Run seed: each line's randomness derives from it and the line's id. {default_help('seed')}")
-@click.option("--sample-rate", type=click.IntRange(min=1), metavar="HZ",
+@click.option("--sample-rate", type=click.IntRange(*SAMPLE_RATES), metavar="HZ",
               help=f"Rate of the WAVs; another than the voice's is resampled (libsoxr, very high quality). "
                    f"{default_help('sample_rate')}")
 @click.option("--sample-format", type=click.Choice(SAMPLE_FORMATS),

@@ -41,6 +41,10 @@ SHORTEST_FIRST = {"cuda": False, "cpu": True}
 # states none (voice.py).
 REFERENCE_SAMPLE_RATE = 22050
 REFERENCE_DENOISER_STRENGTH = 0.01
+# The rates the files may be written at (--sample-rate): telephone speech to
+# studio audio, each one WAV and FLAC take. A rate below it is a slip (16 for
+# 16000) that would make files of a few silent samples.
+SAMPLE_RATES = (8000, 192000)
 # WaveGlow's memory when the run sets none: (share of what the device has
 # free, at most this many GiB). CUDA: half the free device memory, at most
 # the 15 GiB that the bench runs with (about a million rows in fp16). CPU: a
@@ -132,7 +136,8 @@ def _problems(s: Settings) -> list[tuple[str, str]]:
     checks = [
         ("device", s.device is None or DEVICE_NAME.fullmatch(s.device),
          f"device must be cpu, cuda or cuda:N, not {s.device!r}"),
-        ("sample_rate", s.sample_rate is None or s.sample_rate > 0, "sample_rate must be positive"),
+        ("sample_rate", s.sample_rate is None or SAMPLE_RATES[0] <= s.sample_rate <= SAMPLE_RATES[1],
+         f"sample_rate must be between {SAMPLE_RATES[0]} and {SAMPLE_RATES[1]} Hz"),
         ("sigma", s.sigma >= 0, "sigma must be >= 0"),
         ("denoiser_strength", s.denoiser_strength is None or s.denoiser_strength >= 0,
          "denoiser_strength must be >= 0"),
