@@ -59,6 +59,21 @@ def test_every_line_gets_a_row_and_every_spoken_line_a_wav(tmp_path, tiny_checkp
         assert mel.shape == (16, r["mel_frames"]) and mel.dtype == np.float32
 
 
+def test_a_cut_lines_mel_is_its_pieces_mels_and_its_audio_has_the_pauses_besides(tmp_path, tiny_checkpoints):
+    """What the README tells a user pairing mels with audio: the pauses are in the WAV alone."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("One short sentence here. And then another one, a little longer.\n")
+    out = tmp_path / "out"
+    result = run([str(corpus), "-o", str(out), "--save-mels", "--max-symbols-per-piece", "30",
+                  "--piece-pause", "0.1"], tiny_checkpoints)
+    assert result.exit_code == 0, result.output
+    [row] = manifest(out)
+    assert row["pieces"] >= 2
+    mel = np.load(out / row["mel_filepath"])
+    assert mel.shape[1] == row["mel_frames"]
+    assert row["num_samples"] == row["mel_frames"] * HOP + (row["pieces"] - 1) * round(0.1 * 22050)
+
+
 def test_same_seed_same_audio_whatever_the_batch_size(tmp_path, tiny_checkpoints):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS)
