@@ -2,6 +2,7 @@
 import gzip
 import importlib
 import json
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -56,6 +57,22 @@ def test_each_format_holds_the_ok_lines_with_the_text_their_audio_speaks(made):
     kaldi = {name: (out / "kaldi" / name).read_text().splitlines() for name in ("wav.scp", "text", "utt2spk")}
     assert [line.split(" ", 1)[0] for line in kaldi["text"]] == sorted(r["id"] for r in ok)   # sorted, as Kaldi needs
     assert all(line.endswith(".flac |") and " flac -c -d -s /" in line for line in kaldi["wav.scp"])
+    nemo = [json.loads(line) for line in (out / "nemo_manifest.jsonl").read_text().splitlines()]
+    assert [n["text"] for n in nemo] == [r["normalized_text"] for r in ok]
+
+
+def test_nemo_reads_its_manifest_rows(made):
+    """NeMo's manifest reader takes ``audio_filepath`` through expanduser
+    (a path, never null) and ``text`` as the transcript."""
+    out, rows = made
+    exported(out, "--to", "nemo")
+    by_text = {r["normalized_text"]: r for r in rows if r["status"] == "ok"}
+    nemo = [json.loads(line) for line in (out / "nemo_manifest.jsonl").read_text().splitlines()]
+    assert len(nemo) == len(by_text) and all(set(n) == {"audio_filepath", "duration", "text"} for n in nemo)
+    for n in nemo:
+        path = Path(os.path.expanduser(n["audio_filepath"]))
+        assert path.is_absolute() and sf.info(path).duration == pytest.approx(n["duration"], abs=1e-6)
+        assert path.name == Path(by_text[n["text"]]["audio_filepath"]).name
 
 
 def test_kaldi_finds_the_audio_under_a_folder_with_spaces(made, tmp_path):
@@ -112,9 +129,9 @@ def test_datasets_loads_the_audiofolder(made):
 def test_mistakes_are_one_line(tmp_path, made):
     out, _ = made
     result = CliRunner().invoke(main, ["export", str(out), "--to", "hf,espnet"])
-    assert result.exit_code == 2 and "unknown export espnet; use any of: hf, lhotse, kaldi" in result.output
+    assert result.exit_code == 2 and "unknown export espnet; use any of: hf, lhotse, kaldi, nemo" in result.output
     result = CliRunner().invoke(main, ["export", str(out), "--to", ","])
-    assert result.exit_code == 2 and "no export named; use any of: hf, lhotse, kaldi" in result.output
+    assert result.exit_code == 2 and "no export named; use any of: hf, lhotse, kaldi, nemo" in result.output
     result = CliRunner().invoke(main, ["export", str(tmp_path)])
     assert result.exit_code == 2 and "no manifest.jsonl" in result.output
 

@@ -268,9 +268,10 @@ def _for_rank(settings, group):
 
 @main.command("export")
 @click.argument("out_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), metavar="OUT")
-@click.option("--to", "formats", default="hf,lhotse,kaldi", show_default=True,
+@click.option("--to", "formats", default="hf,lhotse,kaldi,nemo", show_default=True,
               help="Comma-separated: hf (audiofolder metadata.jsonl), lhotse (recordings.jsonl.gz, "
-                   "supervisions.jsonl.gz), kaldi (kaldi/wav.scp, text, utt2spk, spk2utt).")
+                   "supervisions.jsonl.gz), kaldi (kaldi/wav.scp, text, utt2spk, spk2utt), nemo "
+                   "(nemo_manifest.jsonl).")
 @click.option("--include-suspect", is_flag=True, help="Also the lines marked suspect (default: ok lines only).")
 def export_command(out_dir: Path, formats: str, include_suspect: bool):
     """Write the manifests training tools read from OUT/manifest.jsonl:

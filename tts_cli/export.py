@@ -1,11 +1,12 @@
 """The manifests training tools read, made from a run's own manifest.jsonl
-(which stays the source of truth): Hugging Face audiofolder, Lhotse, Kaldi.
+(which stays the source of truth): Hugging Face audiofolder, Lhotse, Kaldi,
+NeMo.
 
 Only lines whose audio says their text go in: ``ok``, and ``suspect`` where
 asked. The transcript is the normalized text, what the voice was asked to
 say. audiofolder's file names are relative to its metadata.jsonl, as it
-requires; Lhotse and Kaldi resolve paths against the working directory, so
-theirs are absolute.
+requires; Lhotse, Kaldi and NeMo resolve paths against the working
+directory, so theirs are absolute.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tts_cli.audio import atomic_write
 from tts_cli.manifest import read_manifest
 from tts_cli.tarshards import shard_of
 
-EXPORTS = ("hf", "lhotse", "kaldi")
+EXPORTS = ("hf", "lhotse", "kaldi", "nemo")
 # Kaldi and Lhotse want a speaker per utterance: all lines share the voice.
 SPEAKER = "tts"
 
@@ -42,7 +43,7 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
         raise ValueError(f"{out_dir}: {len(in_shards)} lines (e.g. {in_shards[0]}) are in tar shards "
                          "(--layout webdataset), which WebDataset reads as they are; these exports name files")
     writers: dict[str, Callable[[Path, list[dict]], list[Path]]] = {
-        "hf": _huggingface, "lhotse": _lhotse, "kaldi": _kaldi}
+        "hf": _huggingface, "lhotse": _lhotse, "kaldi": _kaldi, "nemo": _nemo}
     return {name: writers[name](out_dir, rows) for name in formats}
 
 
@@ -82,6 +83,14 @@ def _kaldi(out_dir: Path, rows: list[dict]) -> list[Path]:
              "utt2spk": [f"{row['id']} {SPEAKER}" for row in rows],
              "spk2utt": [f"{SPEAKER} {' '.join(row['id'] for row in rows)}"] if rows else []}
     return [_write(folder / name, "".join(line + "\n" for line in lines).encode()) for name, lines in files.items()]
+
+
+def _nemo(out_dir: Path, rows: list[dict]) -> list[Path]:
+    """NeMo's ASR manifest: one JSON object a line, the audio's path, its
+    seconds and the transcript (NeMo reads ``text`` as the transcript)."""
+    lines = [json.dumps({"audio_filepath": str(out_dir / row["audio_filepath"]), "duration": row["duration"],
+                         "text": row["normalized_text"]}, ensure_ascii=False) for row in rows]
+    return [_write(out_dir / "nemo_manifest.jsonl", "".join(line + "\n" for line in lines).encode())]
 
 
 def _rxfilename(path: str) -> str:
