@@ -14,12 +14,13 @@ from click.testing import CliRunner
 from outputs import manifest
 from tts_cli.cli import main
 
-CORPUS = "Printing, in the only sense.\n\nIt cost $3.50 in 1963.\nHi.\n日本語\n"
+CORPUS = "Printing, in the only sense.\n\nIt cost $3.50 in 1963.\nHi.\n日本語\nTurn left on {HH AW1 S} Street.\n"
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory, tiny_checkpoints):
-    """A run with ok, skipped and suspect lines (the last is in another script)."""
+    """A run with ok, skipped and suspect lines (日本語 is in another script),
+    and a line with ARPAbet."""
     folder = tmp_path_factory.mktemp("export")
     (folder / "corpus.txt").write_text(CORPUS, encoding="utf-8")
     out = folder / "out"
@@ -39,10 +40,27 @@ def exported(out: Path, *args: str):
     return result
 
 
+def going_in(rows, statuses=("ok",)):
+    """The rows of ``statuses`` whose transcript is words (no ARPAbet), by id."""
+    return sorted((r for r in rows if r["status"] in statuses and "{" not in r["normalized_text"]),
+                  key=lambda r: r["id"])
+
+
+def transcripts(out):
+    """Each export's (id, transcript) pairs, in file order."""
+    def jsonl(data, *keys):
+        return [tuple(item[key] for key in keys) for item in map(json.loads, data.splitlines())]
+    nemo = jsonl((out / "nemo_manifest.jsonl").read_text(), "audio_filepath", "text")
+    return {"hf": jsonl((out / "metadata.jsonl").read_text(), "id", "transcription"),
+            "lhotse": jsonl(gzip.decompress((out / "supervisions.jsonl.gz").read_bytes()).decode(), "id", "text"),
+            "kaldi": [tuple(line.split(" ", 1)) for line in (out / "kaldi" / "text").read_text().splitlines()],
+            "nemo": [(Path(path).stem, text) for path, text in nemo]}
+
+
 def test_each_format_holds_the_ok_lines_with_the_text_their_audio_speaks(made):
     out, rows = made
     exported(out)
-    ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["id"])
+    ok = going_in(rows)
     hf = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
     assert [(h["id"], h["transcription"]) for h in hf] == [(r["id"], r["normalized_text"]) for r in ok]
     for h in hf:    # audiofolder: file names relative to the metadata file
@@ -66,7 +84,7 @@ def test_nemo_reads_its_manifest_rows(made):
     (a path, never null) and ``text`` as the transcript."""
     out, rows = made
     exported(out, "--to", "nemo")
-    by_text = {r["normalized_text"]: r for r in rows if r["status"] == "ok"}
+    by_text = {r["normalized_text"]: r for r in going_in(rows)}
     nemo = [json.loads(line) for line in (out / "nemo_manifest.jsonl").read_text().splitlines()]
     assert len(nemo) == len(by_text) and all(set(n) == {"audio_filepath", "duration", "text"} for n in nemo)
     for n in nemo:
@@ -92,7 +110,21 @@ def test_suspect_lines_go_in_only_when_asked(made):
     out, rows = made
     exported(out, "--to", "hf", "--include-suspect")
     ids = [json.loads(line)["id"] for line in (out / "metadata.jsonl").read_text().splitlines()]
-    assert ids == sorted(r["id"] for r in rows if r["status"] in ("ok", "suspect"))
+    assert ids == [r["id"] for r in going_in(rows, ("ok", "suspect"))]
+
+
+def test_a_line_with_arpabet_is_in_no_export_and_the_command_says_so(made):
+    """Its normalized text keeps the phones in braces, which the audio
+    speaks as a word: no recognizer may learn that as its transcript."""
+    out, rows = made
+    [braced] = [r for r in rows if "{HH AW1 S}" in r["normalized_text"]]
+    assert braced["status"] == "ok"
+    result = exported(out, "--include-suspect")
+    for name, lines in transcripts(out).items():
+        assert lines == [(r["id"], r["normalized_text"]) for r in going_in(rows, ("ok", "suspect"))], name
+        assert braced["id"] not in dict(lines) and not any("{" in text for _, text in lines), name
+    assert f"exported {len(going_in(rows, ('ok', 'suspect')))} lines; left out: 1 skipped, 1 with ARPAbet" \
+        in result.output
 
 
 def test_lhotse_loads_them_with_the_files_durations(made):
@@ -118,7 +150,7 @@ def test_datasets_loads_the_audiofolder(made):
     out, rows = made
     exported(out, "--to", "hf")
     loaded = datasets.load_dataset("audiofolder", data_dir=str(out), split="train")
-    by_text = {r["normalized_text"]: r for r in rows if r["status"] == "ok"}
+    by_text = {r["normalized_text"]: r for r in going_in(rows)}
     assert sorted(loaded["transcription"]) == sorted(by_text)
     # the files as datasets found them, read here (its decoder wants librosa or torchcodec, not needed to load)
     for item in loaded.cast_column("audio", datasets.Audio(decode=False)):

@@ -276,17 +276,19 @@ def _for_rank(settings, group):
 def export_command(out_dir: Path, formats: str, include_suspect: bool):
     """Write the manifests training tools read from OUT/manifest.jsonl:
     the ok lines (and with --include-suspect the suspect ones), each with
-    the normalized text its audio speaks."""
+    the normalized text its audio speaks; lines with ARPAbet in braces are
+    left out (their transcript is phones)."""
     from tts_cli.export import export
 
     if not (out_dir / "manifest.jsonl").is_file():
         fatal(f"{out_dir}: no manifest.jsonl; give the -o folder of a tts-batch run")
     try:
-        written = export(out_dir, [name.strip() for name in formats.split(",") if name.strip()], include_suspect)
+        exported = export(out_dir, [name.strip() for name in formats.split(",") if name.strip()], include_suspect)
     except (ValueError, OSError) as e:
         fatal(str(e))
-    for name, paths in written.items():
+    for name, paths in exported.files.items():
         click.echo(f"{name}: {', '.join(str(path) for path in paths)}", err=True)
+    click.echo(exported.summary, err=True)
 
 
 def _resume_hint(group=None) -> str:

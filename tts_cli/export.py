@@ -3,32 +3,52 @@
 NeMo.
 
 Only lines whose audio says their text go in: ``ok``, and ``suspect`` where
-asked. The transcript is the normalized text, what the voice was asked to
-say. audiofolder's file names are relative to its metadata.jsonl, as it
+asked, less those whose text holds ARPAbet in braces (``{HH AW1 S}``: a
+transcript of phones, which a recognizer must not learn as words). The
+transcript is the normalized text, what the voice was asked to say.
+audiofolder's file names are relative to its metadata.jsonl, as it
 requires; Lhotse, Kaldi and NeMo resolve paths against the working
 directory, so theirs are absolute.
 """
 from __future__ import annotations
 
+import collections
 import gzip
 import json
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import soundfile
 
 from tts_cli.audio import atomic_write
-from tts_cli.manifest import read_manifest
+from tts_cli.manifest import STATUSES, plural, read_manifest
 from tts_cli.tarshards import shard_of
 
 EXPORTS = ("hf", "lhotse", "kaldi", "nemo")
 # Kaldi and Lhotse want a speaker per utterance: all lines share the voice.
 SPEAKER = "tts"
+# Why a line of a status that goes in is left out: its text holds phones.
+ARPABET = "with ARPAbet"
 
 
-def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> dict[str, list[Path]]:
-    """Write each of ``formats`` (EXPORTS) into ``out_dir``; the files each wrote."""
+@dataclass(frozen=True)
+class Exported:
+    """What ``export`` wrote, and what it left out."""
+    files: dict[str, list[Path]]   # each export's files
+    lines: int                     # the lines each holds
+    left_out: dict[str, int]       # the manifest's other lines, by why: their status, or ARPABET
+
+    @property
+    def summary(self) -> str:
+        """``exported 10 lines; left out: 2 pending, 3 with ARPAbet``."""
+        left_out = f"; left out: {_reasons(self.left_out)}" if self.left_out else ""
+        return f"exported {plural(self.lines, 'line')}{left_out}"
+
+
+def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> Exported:
+    """Write each of ``formats`` (EXPORTS) into ``out_dir``."""
     if not formats:
         raise ValueError(f"no export named; use any of: {', '.join(EXPORTS)}")
     unknown = sorted(set(formats) - set(EXPORTS))
@@ -36,15 +56,36 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
         raise ValueError(f"unknown export {', '.join(unknown)}; use any of: {', '.join(EXPORTS)}")
     wanted = ("ok", "suspect") if include_suspect else ("ok",)
     out_dir = out_dir.resolve()
-    rows = sorted((row for row in read_manifest(out_dir / "manifest.jsonl") if row["status"] in wanted),
-                  key=lambda row: row["id"])
+    rows, left_out = _chosen(read_manifest(out_dir / "manifest.jsonl"), wanted)
     in_shards = [row["id"] for row in rows if shard_of(row["audio_filepath"] or "")]
     if in_shards:
         raise ValueError(f"{out_dir}: {len(in_shards)} lines (e.g. {in_shards[0]}) are in tar shards "
                          "(--layout webdataset), which WebDataset reads as they are; these exports name files")
     writers: dict[str, Callable[[Path, list[dict]], list[Path]]] = {
         "hf": _huggingface, "lhotse": _lhotse, "kaldi": _kaldi, "nemo": _nemo}
-    return {name: writers[name](out_dir, rows) for name in formats}
+    return Exported({name: writers[name](out_dir, rows) for name in formats}, len(rows), left_out)
+
+
+def _chosen(manifest: list[dict], wanted: tuple[str, ...]) -> tuple[list[dict], dict[str, int]]:
+    """The rows that go in, by id, and how many others there are by why
+    they stay out, in the order of STATUSES, then ARPABET. A brace in the
+    normalized text is a phone's: the symbol table has no other."""
+    rows, left_out = [], collections.Counter()
+    for row in manifest:
+        if row["status"] not in wanted:
+            left_out[row["status"]] += 1
+        elif "{" in row["normalized_text"]:
+            left_out[ARPABET] += 1
+        else:
+            rows.append(row)
+    by_why = {why: left_out[why] for why in (*STATUSES, ARPABET) if left_out[why]}
+    return sorted(rows, key=lambda row: row["id"]), by_why
+
+
+def _reasons(left_out: dict[str, int]) -> str:
+    """``2 pending, 1 suspect (--include-suspect adds them), 3 with ARPAbet``."""
+    return ", ".join(f"{n:,} {why}" + (" (--include-suspect adds them)" if why == "suspect" else "")
+                     for why, n in left_out.items())
 
 
 def _huggingface(out_dir: Path, rows: list[dict]) -> list[Path]:
