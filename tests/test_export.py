@@ -127,6 +127,38 @@ def test_a_line_with_arpabet_is_in_no_export_and_the_command_says_so(made):
         in result.output
 
 
+def edited(made, out, statuses):
+    """``made``'s audio and manifest (no export) in ``out``, the rows of
+    ``statuses``' ids set to those statuses, as a run leaves them."""
+    shutil.copytree(made / "wavs", out / "wavs")
+    rows = manifest(made)
+    for row in rows:
+        if row["id"] in statuses:
+            row.update(status=statuses[row["id"]], audio_filepath=None, duration=0.0, num_samples=0, pieces=0)
+    (out / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows
+
+
+def test_an_unfinished_run_exports_its_done_lines_and_says_what_is_left_out(made, tmp_path):
+    rows = edited(made[0], tmp_path, {"000001": "pending", "000003": "error"})
+    result = exported(tmp_path)
+    assert [r["id"] for r in going_in(rows)] == ["000004"]
+    assert result.output.splitlines()[-2:] == [
+        "exported 1 line; left out: 1 suspect (--include-suspect adds them), 1 skipped, 1 error, 1 pending, "
+        "1 with ARPAbet",
+        "tts-batch: warning: the run is unfinished (1 line pending, not exported); finish the run first: "
+        "the same tts-batch command again"]
+
+
+def test_a_manifest_with_no_line_to_export_is_one_line_and_nothing_is_written(made, tmp_path):
+    edited(made[0], tmp_path, {r["id"]: "pending" for r in made[1] if r["status"] == "ok"})
+    result = CliRunner().invoke(main, ["export", str(tmp_path)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "no line to export (left out: 1 suspect (--include-suspect adds them), 1 skipped, 4 pending)" \
+        in result.output and "finish the run first: the same tts-batch command again" in result.output
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["manifest.jsonl", "wavs"]
+
+
 def test_lhotse_loads_them_with_the_files_durations(made):
     lhotse = pytest.importorskip("lhotse")
     out, rows = made

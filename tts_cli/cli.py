@@ -278,7 +278,7 @@ def export_command(out_dir: Path, formats: str, include_suspect: bool):
     the ok lines (and with --include-suspect the suspect ones), each with
     the normalized text its audio speaks; lines with ARPAbet in braces are
     left out (their transcript is phones)."""
-    from tts_cli.export import export
+    from tts_cli.export import FINISH, export
 
     if not (out_dir / "manifest.jsonl").is_file():
         fatal(f"{out_dir}: no manifest.jsonl; give the -o folder of a tts-batch run")
@@ -289,6 +289,9 @@ def export_command(out_dir: Path, formats: str, include_suspect: bool):
     for name, paths in exported.files.items():
         click.echo(f"{name}: {', '.join(str(path) for path in paths)}", err=True)
     click.echo(exported.summary, err=True)
+    if "pending" in exported.left_out:   # even a cron log must say the dataset is short
+        click.echo(f"tts-batch: warning: the run is unfinished ({plural(exported.left_out['pending'], 'line')} "
+                   f"pending, not exported); {FINISH}", err=True)
 
 
 def _resume_hint(group=None) -> str:

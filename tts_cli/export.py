@@ -31,6 +31,8 @@ EXPORTS = ("hf", "lhotse", "kaldi", "nemo")
 SPEAKER = "tts"
 # Why a line of a status that goes in is left out: its text holds phones.
 ARPABET = "with ARPAbet"
+# What to do about lines still pending: they have no audio yet.
+FINISH = "finish the run first: the same tts-batch command again"
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class Exported:
 
 
 def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> Exported:
-    """Write each of ``formats`` (EXPORTS) into ``out_dir``."""
+    """Write each of ``formats`` (EXPORTS) into ``out_dir``; a manifest
+    with no line to export raises ValueError, and nothing is written."""
     if not formats:
         raise ValueError(f"no export named; use any of: {', '.join(EXPORTS)}")
     unknown = sorted(set(formats) - set(EXPORTS))
@@ -57,6 +60,8 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
     wanted = ("ok", "suspect") if include_suspect else ("ok",)
     out_dir = out_dir.resolve()
     rows, left_out = _chosen(read_manifest(out_dir / "manifest.jsonl"), wanted)
+    if not rows:
+        raise ValueError(_nothing_to_export(out_dir / "manifest.jsonl", left_out))
     in_shards = [row["id"] for row in rows if shard_of(row["audio_filepath"] or "")]
     if in_shards:
         raise ValueError(f"{out_dir}: {len(in_shards)} lines (e.g. {in_shards[0]}) are in tar shards "
@@ -80,6 +85,12 @@ def _chosen(manifest: list[dict], wanted: tuple[str, ...]) -> tuple[list[dict], 
             rows.append(row)
     by_why = {why: left_out[why] for why in (*STATUSES, ARPABET) if left_out[why]}
     return sorted(rows, key=lambda row: row["id"]), by_why
+
+
+def _nothing_to_export(manifest: Path, left_out: dict[str, int]) -> str:
+    why = f"left out: {_reasons(left_out)}" if left_out else "it has no rows"
+    finish = f"; {FINISH}" if "pending" in left_out else ""
+    return f"{manifest}: no line to export ({why}); nothing written{finish}"
 
 
 def _reasons(left_out: dict[str, int]) -> str:
