@@ -159,6 +159,28 @@ def test_a_manifest_with_no_line_to_export_is_one_line_and_nothing_is_written(ma
     assert sorted(path.name for path in tmp_path.iterdir()) == ["manifest.jsonl", "wavs"]
 
 
+@pytest.mark.parametrize("formats", ["hf,lhotse,kaldi,nemo", "nemo"])
+def test_a_missing_audio_file_is_one_line_naming_it_and_nothing_is_written(made, tmp_path, formats):
+    edited(made[0], tmp_path, {})
+    gone = tmp_path / "wavs" / "000003.flac"
+    gone.unlink()
+    result = CliRunner().invoke(main, ["export", str(tmp_path), "--to", formats])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert f"{gone}: no such file" in result.output
+    assert "run the same tts-batch command again: it makes missing files again" in result.output
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["manifest.jsonl", "wavs"]
+
+
+def test_audio_kaldi_cannot_read_the_header_of_is_one_line_and_nothing_is_written(made, tmp_path):
+    edited(made[0], tmp_path, {})
+    damaged = tmp_path / "wavs" / "000003.flac"
+    damaged.write_bytes(b"not audio")
+    result = CliRunner().invoke(main, ["export", str(tmp_path)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert f"{damaged}: cannot read its header" in result.output and "remove it and run the same" in result.output
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["manifest.jsonl", "wavs"]
+
+
 def test_lhotse_loads_them_with_the_files_durations(made):
     lhotse = pytest.importorskip("lhotse")
     out, rows = made

@@ -13,8 +13,10 @@ directory, so theirs are absolute.
 from __future__ import annotations
 
 import collections
+import functools
 import gzip
 import json
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from pathlib import Path
 import soundfile
 
 from tts_cli.audio import atomic_write
+from tts_cli.errors import first_line
 from tts_cli.manifest import STATUSES, plural, read_manifest
 from tts_cli.tarshards import shard_of
 
@@ -33,6 +36,8 @@ SPEAKER = "tts"
 ARPABET = "with ARPAbet"
 # What to do about lines still pending: they have no audio yet.
 FINISH = "finish the run first: the same tts-batch command again"
+# What to do about an audio file a row names that is not there.
+REMAKE = "run the same tts-batch command again: it makes missing files again"
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,9 @@ class Exported:
 
 
 def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> Exported:
-    """Write each of ``formats`` (EXPORTS) into ``out_dir``; a manifest
-    with no line to export raises ValueError, and nothing is written."""
+    """Write each of ``formats`` (EXPORTS) into ``out_dir``. A manifest
+    with no line to export, or a line's audio file missing (for Kaldi,
+    unreadable), raises ValueError, and nothing is written."""
     if not formats:
         raise ValueError(f"no export named; use any of: {', '.join(EXPORTS)}")
     unknown = sorted(set(formats) - set(EXPORTS))
@@ -66,8 +72,9 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
     if in_shards:
         raise ValueError(f"{out_dir}: {len(in_shards)} lines (e.g. {in_shards[0]}) are in tar shards "
                          "(--layout webdataset), which WebDataset reads as they are; these exports name files")
+    subtypes = _checked_audio(out_dir, rows, headers="kaldi" in formats)
     writers: dict[str, Callable[[Path, list[dict]], list[Path]]] = {
-        "hf": _huggingface, "lhotse": _lhotse, "kaldi": _kaldi, "nemo": _nemo}
+        "hf": _huggingface, "lhotse": _lhotse, "kaldi": functools.partial(_kaldi, subtypes=subtypes), "nemo": _nemo}
     return Exported({name: writers[name](out_dir, rows) for name in formats}, len(rows), left_out)
 
 
@@ -85,6 +92,22 @@ def _chosen(manifest: list[dict], wanted: tuple[str, ...]) -> tuple[list[dict], 
             rows.append(row)
     by_why = {why: left_out[why] for why in (*STATUSES, ARPABET) if left_out[why]}
     return sorted(rows, key=lambda row: row["id"]), by_why
+
+
+def _checked_audio(out_dir: Path, rows: list[dict], headers: bool) -> dict[str, str]:
+    """Each row's audio file, by its path, with its samples' subtype where
+    ``headers`` (wav.scp needs it), else ""; a file that is not there, or
+    whose header cannot be read, raises ValueError naming it."""
+    subtypes = {}
+    for row in rows:
+        path = str(out_dir / row["audio_filepath"])
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: no such file, which the manifest names for line {row['line']}; {REMAKE}")
+        try:
+            subtypes[path] = soundfile.info(path).subtype if headers else ""
+        except soundfile.SoundFileError as e:
+            raise ValueError(f"{path}: cannot read its header ({first_line(e)}); remove it and {REMAKE}") from None
+    return subtypes
 
 
 def _nothing_to_export(manifest: Path, left_out: dict[str, int]) -> str:
@@ -123,13 +146,13 @@ def _lhotse(out_dir: Path, rows: list[dict]) -> list[Path]:
             for name, items in (("recordings.jsonl.gz", recordings), ("supervisions.jsonl.gz", supervisions))]
 
 
-def _kaldi(out_dir: Path, rows: list[dict]) -> list[Path]:
+def _kaldi(out_dir: Path, rows: list[dict], subtypes: dict[str, str]) -> list[Path]:
     """Kaldi's data directory (wav.scp, text, utt2spk, spk2utt) in kaldi/,
     sorted by utterance id as Kaldi requires; audio Kaldi cannot read
     (FLAC, other than 16-bit samples) is decoded through a pipe."""
     folder = out_dir / "kaldi"
     audio = [str(out_dir / row["audio_filepath"]) for row in rows]
-    scp = [f"{row['id']} {_rxfilename(path)}" for row, path in zip(rows, audio)]
+    scp = [f"{row['id']} {_rxfilename(path, subtypes[path])}" for row, path in zip(rows, audio)]
     files = {"wav.scp": scp,
              "text": [f"{row['id']} {row['normalized_text']}" for row in rows],
              "utt2spk": [f"{row['id']} {SPEAKER}" for row in rows],
@@ -145,12 +168,12 @@ def _nemo(out_dir: Path, rows: list[dict]) -> list[Path]:
     return [_write(out_dir / "nemo_manifest.jsonl", "".join(line + "\n" for line in lines).encode())]
 
 
-def _rxfilename(path: str) -> str:
+def _rxfilename(path: str, subtype: str) -> str:
     """How wav.scp names an audio file. Kaldi reads 16-bit PCM WAV alone: a
     16-bit WAV by its path (through ``cat`` where the path holds white space,
     which Kaldi would split it at), a 16-bit FLAC through ``flac -d``, and
     24-bit or float samples through ``sox`` to 16 bits; a piped path quoted."""
-    wav, pcm16 = path.endswith(".wav"), soundfile.info(path).subtype == "PCM_16"
+    wav, pcm16 = path.endswith(".wav"), subtype == "PCM_16"
     if wav and pcm16 and not any(c.isspace() for c in path):
         return path
     if not pcm16:
