@@ -5,6 +5,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -46,15 +47,17 @@ def going_in(rows, statuses=("ok",)):
                   key=lambda r: r["id"])
 
 
-def transcripts(out):
+def transcripts(out, names=("hf", "lhotse", "kaldi", "nemo")):
     """Each export's (id, transcript) pairs, in file order."""
     def jsonl(data, *keys):
         return [tuple(item[key] for key in keys) for item in map(json.loads, data.splitlines())]
-    nemo = jsonl((out / "nemo_manifest.jsonl").read_text(), "audio_filepath", "text")
-    return {"hf": jsonl((out / "metadata.jsonl").read_text(), "id", "transcription"),
-            "lhotse": jsonl(gzip.decompress((out / "supervisions.jsonl.gz").read_bytes()).decode(), "id", "text"),
-            "kaldi": [tuple(line.split(" ", 1)) for line in (out / "kaldi" / "text").read_text().splitlines()],
-            "nemo": [(Path(path).stem, text) for path, text in nemo]}
+    read = {"hf": lambda: jsonl((out / "metadata.jsonl").read_text(), "id", "transcription"),
+            "lhotse": lambda: jsonl(gzip.decompress((out / "supervisions.jsonl.gz").read_bytes()).decode(),
+                                    "id", "text"),
+            "kaldi": lambda: [tuple(line.split(" ", 1)) for line in (out / "kaldi" / "text").read_text().splitlines()],
+            "nemo": lambda: [(Path(path).stem, text) for path, text
+                             in jsonl((out / "nemo_manifest.jsonl").read_text(), "audio_filepath", "text")]}
+    return {name: read[name]() for name in names}
 
 
 def test_each_format_holds_the_ok_lines_with_the_text_their_audio_speaks(made):
@@ -147,7 +150,7 @@ def test_an_unfinished_run_exports_its_done_lines_and_says_what_is_left_out(made
         "exported 1 line; left out: 1 suspect (--include-suspect adds them), 1 skipped, 1 error, 1 pending, "
         "1 with ARPAbet",
         "tts-batch: warning: the run is unfinished (1 line pending, not exported); finish the run first: "
-        "the same tts-batch command again"]
+        "the same tts-batch command again, which writes these exports again"]
 
 
 def test_a_manifest_with_no_line_to_export_is_one_line_and_nothing_is_written(made, tmp_path):
@@ -179,6 +182,93 @@ def test_audio_kaldi_cannot_read_the_header_of_is_one_line_and_nothing_is_writte
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert f"{damaged}: cannot read its header" in result.output and "remove it and run the same" in result.output
     assert sorted(path.name for path in tmp_path.iterdir()) == ["manifest.jsonl", "wavs"]
+
+
+def synthesized(folder, checkpoints, *lines):
+    """``tts-batch corpus.txt -o out`` over ``lines``, cut at 20 symbols: a
+    longer line has more pieces, and more seconds."""
+    (folder / "corpus.txt").write_text("".join(line + "\n" for line in lines))
+    return CliRunner().invoke(main, [str(folder / "corpus.txt"), "-o", str(folder / "out"), "--tacotron2",
+                                     str(checkpoints[0]), "--waveglow", str(checkpoints[1]), "--device", "cpu",
+                                     "--max-decoder-steps", "12", "--seed", "1", "--no-check-alignment",
+                                     "--max-symbols-per-piece", "20"])
+
+
+def durations(out):
+    """Each export's (id, seconds) pairs, in file order (Kaldi's data folder has none)."""
+    def jsonl(name):
+        data = (out / name).read_bytes()
+        return [json.loads(line) for line in (gzip.decompress(data) if name.endswith(".gz") else data).splitlines()]
+    return {"hf": [(item["id"], item["duration"]) for item in jsonl("metadata.jsonl")],
+            "lhotse": [(item["id"], item["duration"]) for item in jsonl("supervisions.jsonl.gz")],
+            "nemo": [(Path(item["audio_filepath"]).stem, item["duration"]) for item in jsonl("nemo_manifest.jsonl")]}
+
+
+def test_a_rerun_writes_the_exports_again_with_a_changed_line_s_text_and_duration(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.").exit_code == 0
+    exported(out)
+    before = manifest(out)
+    result = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.",
+                         "Hi there. And a second sentence follows.")
+    assert result.exit_code == 0 and "exports refreshed: hf, lhotse, kaldi, nemo (2 lines)" in result.output
+    rows = manifest(out)
+    assert rows[1]["normalized_text"] == "hi there. and a second sentence follows."
+    assert rows[1]["duration"] > before[1]["duration"] and rows[0] == before[0]
+    for name, lines in transcripts(out).items():
+        assert lines == [(r["id"], r["normalized_text"]) for r in rows], name
+    for name, lines in durations(out).items():
+        assert lines == [(r["id"], r["duration"]) for r in rows], name
+    recordings = gzip.decompress((out / "recordings.jsonl.gz").read_bytes()).splitlines()
+    assert [json.loads(line)["num_samples"] for line in recordings] == [r["num_samples"] for r in rows]
+
+
+def test_a_run_stopped_early_leaves_a_changed_line_out_of_the_exports(tmp_path, tiny_checkpoints):
+    """Through the Python front door: the job is the command's, exports and all."""
+    from tts_cli import Synthesizer
+    from tts_cli.pipeline import Interrupted
+    from tts_cli.signals import StopOnSignals
+
+    s = Synthesizer.load(*tiny_checkpoints, device="cpu", max_decoder_steps=12, check_alignment=False)
+    out = tmp_path / "out"
+    s.synthesize_to_dir(["Printing, in the only sense.", "Hi."], out, seed=1)
+    exported(out, "--to", "hf,kaldi", "--include-suspect")
+    notices = []
+    with StopOnSignals() as signals, pytest.raises(Interrupted):
+        os.kill(os.getpid(), signal.SIGTERM)   # as the run starts: it makes nothing
+        s.synthesize_to_dir(["Printing, in the only sense.", "Hi there."], out, seed=1, signals=signals,
+                            on_notice=notices.append)
+    assert [r["status"] for r in manifest(out)] == ["ok", "pending"]
+    assert "exports refreshed: hf, kaldi (1 line)" in notices
+    assert transcripts(out, ("hf", "kaldi")) == {name: [("000001", "printing, in the only sense.")]
+                                                 for name in ("hf", "kaldi")}
+
+
+def test_exports_without_a_record_are_left_as_they_are(tmp_path, tiny_checkpoints):
+    """Those an earlier version wrote: which exports, with which lines, is not known."""
+    out = tmp_path / "out"
+    assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.").exit_code == 0
+    exported(out, "--to", "hf")
+    (out / "exports.json").unlink(missing_ok=True)
+    earlier = (out / "metadata.jsonl").read_bytes()
+    result = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi there.")
+    assert result.exit_code == 0 and "exports refreshed" not in result.output
+    assert (out / "metadata.jsonl").read_bytes() == earlier
+
+
+def test_a_refresh_that_fails_is_one_warning_and_the_run_stands(tmp_path, tiny_checkpoints):
+    out = tmp_path / "out"
+    assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.").exit_code == 0
+    exported(out, "--to", "hf")
+    (out / "wavs" / "000001.wav").unlink()
+    (out / "exports.json").write_text("{not json")
+    result = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi there.")
+    assert result.exit_code == 0, result.output
+    [warning] = [line for line in result.output.splitlines() if "exports not refreshed" in line]
+    assert warning.startswith("exports not refreshed, and they may hold lines as an earlier run made them: ")
+    assert f"{out / 'exports.json'}: not a record of exports" in warning
+    assert [r["normalized_text"] for r in manifest(out)] == ["printing, in the only sense.", "hi there."]
+    assert (out / "wavs" / "000001.wav").is_file()
 
 
 def test_lhotse_loads_them_with_the_files_durations(made):

@@ -291,7 +291,7 @@ def export_command(out_dir: Path, formats: str, include_suspect: bool):
     click.echo(exported.summary, err=True)
     if "pending" in exported.left_out:   # even a cron log must say the dataset is short
         click.echo(f"tts-batch: warning: the run is unfinished ({plural(exported.left_out['pending'], 'line')} "
-                   f"pending, not exported); {FINISH}", err=True)
+                   f"pending, not exported); {FINISH}, which writes these exports again", err=True)
 
 
 def _resume_hint(group=None) -> str:

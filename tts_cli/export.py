@@ -9,6 +9,12 @@ transcript is the normalized text, what the voice was asked to say.
 audiofolder's file names are relative to its metadata.jsonl, as it
 requires; Lhotse, Kaldi and NeMo resolve paths against the working
 directory, so theirs are absolute.
+
+RECORD, in the output folder, lists the exports written there and whether
+each took the suspect lines: a synthesis run into that folder writes them
+again from its new manifest (``refresh``), so that none keeps a line's old
+text or duration. audiofolder reads only metadata.* files, and Lhotse, Kaldi
+and NeMo only the files they are given, so none takes it for data.
 """
 from __future__ import annotations
 
@@ -38,6 +44,8 @@ ARPABET = "with ARPAbet"
 FINISH = "finish the run first: the same tts-batch command again"
 # What to do about an audio file a row names that is not there.
 REMAKE = "run the same tts-batch command again: it makes missing files again"
+# {export name: {"include_suspect": bool}} of the exports in the folder.
+RECORD = "exports.json"
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
         raise ValueError(f"unknown export {', '.join(unknown)}; use any of: {', '.join(EXPORTS)}")
     wanted = ("ok", "suspect") if include_suspect else ("ok",)
     out_dir = out_dir.resolve()
+    record = recorded(out_dir)
     rows, left_out = _chosen(read_manifest(out_dir / "manifest.jsonl"), wanted)
     if not rows:
         raise ValueError(_nothing_to_export(out_dir / "manifest.jsonl", left_out))
@@ -75,7 +84,34 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
     subtypes = _checked_audio(out_dir, rows, headers="kaldi" in formats)
     writers: dict[str, Callable[[Path, list[dict]], list[Path]]] = {
         "hf": _huggingface, "lhotse": _lhotse, "kaldi": functools.partial(_kaldi, subtypes=subtypes), "nemo": _nemo}
-    return Exported({name: writers[name](out_dir, rows) for name in formats}, len(rows), left_out)
+    files = {name: writers[name](out_dir, rows) for name in formats}
+    record.update(dict.fromkeys(formats, include_suspect))
+    _write(out_dir / RECORD, json.dumps({name: {"include_suspect": took} for name, took in record.items()},
+                                        indent=1).encode() + b"\n")
+    return Exported(files, len(rows), left_out)
+
+
+def recorded(out_dir: Path) -> dict[str, bool]:
+    """The exports RECORD lists in ``out_dir``, each with whether it took
+    the suspect lines; none without it."""
+    path = out_dir / RECORD
+    try:
+        return {name: bool(how["include_suspect"]) for name, how in json.loads(path.read_bytes()).items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{path}: not a record of exports ({first_line(e)}); remove it and export again") from None
+
+
+def refresh(out_dir: Path) -> list[Exported]:
+    """The exports RECORD lists in ``out_dir`` written again from its
+    manifest, each with or without the suspect lines as before: one
+    ``Exported`` for those with, one for those without; none without a
+    record."""
+    by_choice: dict[bool, list[str]] = {}
+    for name, include_suspect in recorded(out_dir.resolve()).items():
+        by_choice.setdefault(include_suspect, []).append(name)
+    return [export(out_dir, names, include_suspect) for include_suspect, names in by_choice.items()]
 
 
 def _chosen(manifest: list[dict], wanted: tuple[str, ...]) -> tuple[list[dict], dict[str, int]]:
