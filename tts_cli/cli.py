@@ -277,7 +277,8 @@ def export_command(out_dir: Path, formats: str, include_suspect: bool):
     """Write the manifests training tools read from OUT/manifest.jsonl:
     the ok lines (and with --include-suspect the suspect ones), each with
     the normalized text its audio speaks; lines with ARPAbet in braces are
-    left out (their transcript is phones)."""
+    left out (their transcript is phones). A later run into OUT writes them
+    again from its manifest (OUT/exports.json lists them)."""
     from tts_cli.export import FINISH, export
 
     if not (out_dir / "manifest.jsonl").is_file():
