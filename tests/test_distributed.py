@@ -2,6 +2,7 @@
 single process's, resume works across process counts, and a job that lost a
 process is completed by a re-run. Each torchrun launch costs a few seconds,
 so each test launches once."""
+import json
 import os
 import re
 import signal
@@ -159,13 +160,19 @@ def test_a_cut_line_is_made_by_two_processes_in_the_test_above():
 
 
 def test_resume_across_process_counts_redoes_nothing(tmp_path, tiny_checkpoints):
-    """One process, then two with added lines, then one with more added lines."""
+    """One process, then two with added lines, then one with more added
+    lines; the exports written after the first follow (rank 0 writes them)."""
     out = tmp_path / "out"
     corpus = tmp_path / "corpus.txt"
     assert synth(arguments(write(corpus, LINES[:2]), out, tiny_checkpoints)).exit_code == 0
+    # the random model's attention fails the alignment checks: most lines are suspect
+    assert CliRunner().invoke(main, ["export", str(out), "--to", "hf", "--include-suspect"]).exit_code == 0
     first = mtimes(out)
     code, output = finished(torchrun(2, arguments(write(corpus, LINES), out, tiny_checkpoints)))
     assert code == 0 and "2 reused" in output, output
+    kept = [row["id"] for row in manifest(out) if row["status"] in ("ok", "suspect")]
+    assert output.count("exports refreshed: hf") == 1 and f"exports refreshed: hf ({len(kept)} lines)" in output
+    assert [json.loads(line)["id"] for line in (out / "metadata.jsonl").read_text().splitlines()] == kept
     second = mtimes(out)
     assert {name: second[name] for name in first} == first, "two processes redid a finished WAV"
     assert len(second) == 6

@@ -288,24 +288,31 @@ def _for_rank(settings, group):
 
 @main.command("export")
 @click.argument("out_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), metavar="OUT")
-@click.option("--to", "formats", default="hf,lhotse,kaldi", show_default=True,
+@click.option("--to", "formats", default="hf,lhotse,kaldi,nemo", show_default=True,
               help="Comma-separated: hf (audiofolder metadata.jsonl), lhotse (recordings.jsonl.gz, "
-                   "supervisions.jsonl.gz), kaldi (kaldi/wav.scp, text, utt2spk, spk2utt).")
+                   "supervisions.jsonl.gz), kaldi (kaldi/wav.scp, text, utt2spk, spk2utt), nemo "
+                   "(nemo_manifest.jsonl).")
 @click.option("--include-suspect", is_flag=True, help="Also the lines marked suspect (default: ok lines only).")
 def export_command(out_dir: Path, formats: str, include_suspect: bool):
     """Write the manifests training tools read from OUT/manifest.jsonl:
     the ok lines (and with --include-suspect the suspect ones), each with
-    the normalized text its audio speaks."""
-    from tts_cli.export import export
+    the normalized text its audio speaks; lines with ARPAbet in braces are
+    left out (their transcript is phones). A later run into OUT writes them
+    again from its manifest (OUT/exports.json lists them)."""
+    from tts_cli.export import FINISH, export
 
     if not (out_dir / "manifest.jsonl").is_file():
         fatal(f"{out_dir}: no manifest.jsonl; give the -o folder of a tts-batch run")
     try:
-        written = export(out_dir, [name.strip() for name in formats.split(",") if name.strip()], include_suspect)
+        exported = export(out_dir, [name.strip() for name in formats.split(",") if name.strip()], include_suspect)
     except (ValueError, OSError) as e:
         fatal(str(e))
-    for name, paths in written.items():
+    for name, paths in exported.files.items():
         click.echo(f"{name}: {', '.join(str(path) for path in paths)}", err=True)
+    click.echo(exported.summary, err=True)
+    if "pending" in exported.left_out:   # even a cron log must say the dataset is short
+        click.echo(f"tts-batch: warning: the run is unfinished ({plural(exported.left_out['pending'], 'line')} "
+                   f"pending, not exported); {FINISH}, which writes these exports again", err=True)
 
 
 def _resume_hint(group=None) -> str:

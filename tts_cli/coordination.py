@@ -70,6 +70,10 @@ class Alone:
         is done (every line has its row, whatever signal came late)."""
         return manifest.complete
 
+    def wrote_manifest(self, done: bool) -> bool:
+        """Whether this process saved the manifest: a run alone always does."""
+        return True
+
 
 class Together:
     """One process of a torchrun job (``group``)."""
@@ -141,6 +145,11 @@ class Together:
                 raise
             return False
         return True
+
+    def wrote_manifest(self, done: bool) -> bool:
+        """Whether this process saved the manifest: rank 0, once it merged
+        every process's rows (``done``)."""
+        return done and self.group.rank == 0
 
     def _write_shared_lines(self, share: Share, writer, mine: ManifestJournal, made_only: bool = False) -> None:
         """Each process writes the lines it owns whose pieces were made

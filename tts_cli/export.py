@@ -1,33 +1,71 @@
 """The manifests training tools read, made from a run's own manifest.jsonl
-(which stays the source of truth): Hugging Face audiofolder, Lhotse, Kaldi.
+(which stays the source of truth): Hugging Face audiofolder, Lhotse, Kaldi,
+NeMo.
 
 Only lines whose audio says their text go in: ``ok``, and ``suspect`` where
-asked. The transcript is the normalized text, what the voice was asked to
-say. audiofolder's file names are relative to its metadata.jsonl, as it
-requires; Lhotse and Kaldi resolve paths against the working directory, so
-theirs are absolute.
+asked, less those whose text holds ARPAbet in braces (``{HH AW1 S}``: a
+transcript of phones, which a recognizer must not learn as words). The
+transcript is the normalized text, what the voice was asked to say.
+audiofolder's file names are relative to its metadata.jsonl, as it
+requires; Lhotse, Kaldi and NeMo resolve paths against the working
+directory, so theirs are absolute.
+
+RECORD, in the output folder, lists the exports written there and whether
+each took the suspect lines: a synthesis run into that folder writes them
+again from its new manifest (``refresh``), so that none keeps a line's old
+text or duration. audiofolder reads only metadata.* files, and Lhotse, Kaldi
+and NeMo only the files they are given, so none takes it for data.
 """
 from __future__ import annotations
 
+import collections
+import functools
 import gzip
 import json
+import os
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import soundfile
 
 from tts_cli.audio import atomic_write
-from tts_cli.manifest import read_manifest
+from tts_cli.errors import first_line
+from tts_cli.manifest import STATUSES, plural, read_manifest
 from tts_cli.tarshards import shard_of
 
-EXPORTS = ("hf", "lhotse", "kaldi")
+EXPORTS = ("hf", "lhotse", "kaldi", "nemo")
 # Kaldi and Lhotse want a speaker per utterance: all lines share the voice.
 SPEAKER = "tts"
+# Why a line of a status that goes in is left out: its text holds phones.
+ARPABET = "with ARPAbet"
+# What to do about lines still pending: they have no audio yet.
+FINISH = "finish the run first: the same tts-batch command again"
+# What to do about an audio file a row names that is not there.
+REMAKE = "run the same tts-batch command again: it makes missing files again"
+# {export name: {"include_suspect": bool}} of the exports in the folder.
+RECORD = "exports.json"
 
 
-def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> dict[str, list[Path]]:
-    """Write each of ``formats`` (EXPORTS) into ``out_dir``; the files each wrote."""
+@dataclass(frozen=True)
+class Exported:
+    """What ``export`` wrote, and what it left out."""
+    files: dict[str, list[Path]]   # each export's files
+    lines: int                     # the lines each holds
+    left_out: dict[str, int]       # the manifest's other lines, by why: their status, or ARPABET
+
+    @property
+    def summary(self) -> str:
+        """``exported 10 lines; left out: 2 pending, 3 with ARPAbet``."""
+        left_out = f"; left out: {_reasons(self.left_out)}" if self.left_out else ""
+        return f"exported {plural(self.lines, 'line')}{left_out}"
+
+
+def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> Exported:
+    """Write each of ``formats`` (EXPORTS) into ``out_dir``. A manifest
+    with no line to export, or a line's audio file missing (for Kaldi,
+    unreadable), raises ValueError, and nothing is written."""
     if not formats:
         raise ValueError(f"no export named; use any of: {', '.join(EXPORTS)}")
     unknown = sorted(set(formats) - set(EXPORTS))
@@ -35,15 +73,89 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
         raise ValueError(f"unknown export {', '.join(unknown)}; use any of: {', '.join(EXPORTS)}")
     wanted = ("ok", "suspect") if include_suspect else ("ok",)
     out_dir = out_dir.resolve()
-    rows = sorted((row for row in read_manifest(out_dir / "manifest.jsonl") if row["status"] in wanted),
-                  key=lambda row: row["id"])
+    record = recorded(out_dir)
+    rows, left_out = _chosen(read_manifest(out_dir / "manifest.jsonl"), wanted)
+    if not rows:
+        raise ValueError(_nothing_to_export(out_dir / "manifest.jsonl", left_out))
     in_shards = [row["id"] for row in rows if shard_of(row["audio_filepath"] or "")]
     if in_shards:
         raise ValueError(f"{out_dir}: {len(in_shards)} lines (e.g. {in_shards[0]}) are in tar shards "
                          "(--layout webdataset), which WebDataset reads as they are; these exports name files")
+    subtypes = _checked_audio(out_dir, rows, headers="kaldi" in formats)
     writers: dict[str, Callable[[Path, list[dict]], list[Path]]] = {
-        "hf": _huggingface, "lhotse": _lhotse, "kaldi": _kaldi}
-    return {name: writers[name](out_dir, rows) for name in formats}
+        "hf": _huggingface, "lhotse": _lhotse, "kaldi": functools.partial(_kaldi, subtypes=subtypes), "nemo": _nemo}
+    files = {name: writers[name](out_dir, rows) for name in formats}
+    record.update(dict.fromkeys(formats, include_suspect))
+    _write(out_dir / RECORD, json.dumps({name: {"include_suspect": took} for name, took in record.items()},
+                                        indent=1).encode() + b"\n")
+    return Exported(files, len(rows), left_out)
+
+
+def recorded(out_dir: Path) -> dict[str, bool]:
+    """The exports RECORD lists in ``out_dir``, each with whether it took
+    the suspect lines; none without it."""
+    path = out_dir / RECORD
+    try:
+        return {name: bool(how["include_suspect"]) for name, how in json.loads(path.read_bytes()).items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{path}: not a record of exports ({first_line(e)}); remove it and export again") from None
+
+
+def refresh(out_dir: Path) -> list[Exported]:
+    """The exports RECORD lists in ``out_dir`` written again from its
+    manifest, each with or without the suspect lines as before: one
+    ``Exported`` for those with, one for those without; none without a
+    record."""
+    by_choice: dict[bool, list[str]] = {}
+    for name, include_suspect in recorded(out_dir.resolve()).items():
+        by_choice.setdefault(include_suspect, []).append(name)
+    return [export(out_dir, names, include_suspect) for include_suspect, names in by_choice.items()]
+
+
+def _chosen(manifest: list[dict], wanted: tuple[str, ...]) -> tuple[list[dict], dict[str, int]]:
+    """The rows that go in, by id, and how many others there are by why
+    they stay out, in the order of STATUSES, then ARPABET. A brace in the
+    normalized text is a phone's: the symbol table has no other."""
+    rows, left_out = [], collections.Counter()
+    for row in manifest:
+        if row["status"] not in wanted:
+            left_out[row["status"]] += 1
+        elif "{" in row["normalized_text"]:
+            left_out[ARPABET] += 1
+        else:
+            rows.append(row)
+    by_why = {why: left_out[why] for why in (*STATUSES, ARPABET) if left_out[why]}
+    return sorted(rows, key=lambda row: row["id"]), by_why
+
+
+def _checked_audio(out_dir: Path, rows: list[dict], headers: bool) -> dict[str, str]:
+    """Each row's audio file, by its path, with its samples' subtype where
+    ``headers`` (wav.scp needs it), else ""; a file that is not there, or
+    whose header cannot be read, raises ValueError naming it."""
+    subtypes = {}
+    for row in rows:
+        path = str(out_dir / row["audio_filepath"])
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: no such file, which the manifest names for line {row['line']}; {REMAKE}")
+        try:
+            subtypes[path] = soundfile.info(path).subtype if headers else ""
+        except soundfile.SoundFileError as e:
+            raise ValueError(f"{path}: cannot read its header ({first_line(e)}); remove it and {REMAKE}") from None
+    return subtypes
+
+
+def _nothing_to_export(manifest: Path, left_out: dict[str, int]) -> str:
+    why = f"left out: {_reasons(left_out)}" if left_out else "it has no rows"
+    finish = f"; {FINISH}" if "pending" in left_out else ""
+    return f"{manifest}: no line to export ({why}); nothing written{finish}"
+
+
+def _reasons(left_out: dict[str, int]) -> str:
+    """``2 pending, 1 suspect (--include-suspect adds them), 3 with ARPAbet``."""
+    return ", ".join(f"{n:,} {why}" + (" (--include-suspect adds them)" if why == "suspect" else "")
+                     for why, n in left_out.items())
 
 
 def _huggingface(out_dir: Path, rows: list[dict]) -> list[Path]:
@@ -70,13 +182,13 @@ def _lhotse(out_dir: Path, rows: list[dict]) -> list[Path]:
             for name, items in (("recordings.jsonl.gz", recordings), ("supervisions.jsonl.gz", supervisions))]
 
 
-def _kaldi(out_dir: Path, rows: list[dict]) -> list[Path]:
+def _kaldi(out_dir: Path, rows: list[dict], subtypes: dict[str, str]) -> list[Path]:
     """Kaldi's data directory (wav.scp, text, utt2spk, spk2utt) in kaldi/,
     sorted by utterance id as Kaldi requires; audio Kaldi cannot read
     (FLAC, other than 16-bit samples) is decoded through a pipe."""
     folder = out_dir / "kaldi"
     audio = [str(out_dir / row["audio_filepath"]) for row in rows]
-    scp = [f"{row['id']} {_rxfilename(path)}" for row, path in zip(rows, audio)]
+    scp = [f"{row['id']} {_rxfilename(path, subtypes[path])}" for row, path in zip(rows, audio)]
     files = {"wav.scp": scp,
              "text": [f"{row['id']} {row['normalized_text']}" for row in rows],
              "utt2spk": [f"{row['id']} {SPEAKER}" for row in rows],
@@ -84,12 +196,20 @@ def _kaldi(out_dir: Path, rows: list[dict]) -> list[Path]:
     return [_write(folder / name, "".join(line + "\n" for line in lines).encode()) for name, lines in files.items()]
 
 
-def _rxfilename(path: str) -> str:
+def _nemo(out_dir: Path, rows: list[dict]) -> list[Path]:
+    """NeMo's ASR manifest: one JSON object a line, the audio's path, its
+    seconds and the transcript (NeMo reads ``text`` as the transcript)."""
+    lines = [json.dumps({"audio_filepath": str(out_dir / row["audio_filepath"]), "duration": row["duration"],
+                         "text": row["normalized_text"]}, ensure_ascii=False) for row in rows]
+    return [_write(out_dir / "nemo_manifest.jsonl", "".join(line + "\n" for line in lines).encode())]
+
+
+def _rxfilename(path: str, subtype: str) -> str:
     """How wav.scp names an audio file. Kaldi reads 16-bit PCM WAV alone: a
     16-bit WAV by its path (through ``cat`` where the path holds white space,
     which Kaldi would split it at), a 16-bit FLAC through ``flac -d``, and
     24-bit or float samples through ``sox`` to 16 bits; a piped path quoted."""
-    wav, pcm16 = path.endswith(".wav"), soundfile.info(path).subtype == "PCM_16"
+    wav, pcm16 = path.endswith(".wav"), subtype == "PCM_16"
     if wav and pcm16 and not any(c.isspace() for c in path):
         return path
     if not pcm16:
