@@ -47,6 +47,11 @@ def going_in(rows, statuses=("ok",)):
                   key=lambda r: r["id"])
 
 
+def said(row) -> str:
+    """A row's transcript as the exports give it: its normalized text, single-spaced."""
+    return " ".join(row["normalized_text"].split())
+
+
 def transcripts(out, names=("hf", "lhotse", "kaldi", "nemo")):
     """Each export's (id, transcript) pairs, in file order."""
     def jsonl(data, *keys):
@@ -65,13 +70,13 @@ def test_each_format_holds_the_ok_lines_with_the_text_their_audio_speaks(made):
     exported(out)
     ok = going_in(rows)
     hf = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
-    assert [(h["id"], h["transcription"]) for h in hf] == [(r["id"], r["normalized_text"]) for r in ok]
+    assert [(h["id"], h["transcription"]) for h in hf] == [(r["id"], said(r)) for r in ok]
     for h in hf:    # audiofolder: file names relative to the metadata file
         assert sf.info(out / h["file_name"]).duration == pytest.approx(h["duration"], abs=1e-6)
     recordings = [json.loads(line) for line in gzip.decompress((out / "recordings.jsonl.gz").read_bytes()).splitlines()]
     supervisions = [json.loads(line) for line in
                     gzip.decompress((out / "supervisions.jsonl.gz").read_bytes()).splitlines()]
-    assert [s["text"] for s in supervisions] == [r["normalized_text"] for r in ok]
+    assert [s["text"] for s in supervisions] == [said(r) for r in ok]
     for rec in recordings:
         info = sf.info(rec["sources"][0]["source"])
         assert (info.samplerate, info.frames) == (rec["sampling_rate"], rec["num_samples"]) == (16000, info.frames)
@@ -79,7 +84,7 @@ def test_each_format_holds_the_ok_lines_with_the_text_their_audio_speaks(made):
     assert [line.split(" ", 1)[0] for line in kaldi["text"]] == sorted(r["id"] for r in ok)   # sorted, as Kaldi needs
     assert all(line.endswith(".flac |") and " flac -c -d -s /" in line for line in kaldi["wav.scp"])
     nemo = [json.loads(line) for line in (out / "nemo_manifest.jsonl").read_text().splitlines()]
-    assert [n["text"] for n in nemo] == [r["normalized_text"] for r in ok]
+    assert [n["text"] for n in nemo] == [said(r) for r in ok]
 
 
 def test_nemo_reads_its_manifest_rows(made):
@@ -87,7 +92,7 @@ def test_nemo_reads_its_manifest_rows(made):
     (a path, never null) and ``text`` as the transcript."""
     out, rows = made
     exported(out, "--to", "nemo")
-    by_text = {r["normalized_text"]: r for r in going_in(rows)}
+    by_text = {said(r): r for r in going_in(rows)}
     nemo = [json.loads(line) for line in (out / "nemo_manifest.jsonl").read_text().splitlines()]
     assert len(nemo) == len(by_text) and all(set(n) == {"audio_filepath", "duration", "text"} for n in nemo)
     for n in nemo:
@@ -124,7 +129,7 @@ def test_a_line_with_arpabet_is_in_no_export_and_the_command_says_so(made):
     assert braced["status"] == "ok"
     result = exported(out, "--include-suspect")
     for name, lines in transcripts(out).items():
-        assert lines == [(r["id"], r["normalized_text"]) for r in going_in(rows, ("ok", "suspect"))], name
+        assert lines == [(r["id"], said(r)) for r in going_in(rows, ("ok", "suspect"))], name
         assert braced["id"] not in dict(lines) and not any("{" in text for _, text in lines), name
     assert f"exported {len(going_in(rows, ('ok', 'suspect')))} lines; left out: 1 skipped, 1 with ARPAbet" \
         in result.output
@@ -216,7 +221,7 @@ def test_a_rerun_writes_the_exports_again_with_a_changed_line_s_text_and_duratio
     assert rows[1]["normalized_text"] == "hi there. and a second sentence follows."
     assert rows[1]["duration"] > before[1]["duration"] and rows[0] == before[0]
     for name, lines in transcripts(out).items():
-        assert lines == [(r["id"], r["normalized_text"]) for r in rows], name
+        assert lines == [(r["id"], said(r)) for r in rows], name
     for name, lines in durations(out).items():
         assert lines == [(r["id"], r["duration"]) for r in rows], name
     recordings = gzip.decompress((out / "recordings.jsonl.gz").read_bytes()).splitlines()
@@ -281,7 +286,7 @@ def test_lhotse_loads_them_with_the_files_durations(made):
     for cut in cuts:
         audio = cut.load_audio()
         assert audio.shape[1] == by_id[cut.recording_id]["num_samples"]
-        assert cut.supervisions[0].text == by_id[cut.recording_id]["normalized_text"]
+        assert cut.supervisions[0].text == said(by_id[cut.recording_id])
 
 
 def test_datasets_loads_the_audiofolder(made):
@@ -294,7 +299,7 @@ def test_datasets_loads_the_audiofolder(made):
     out, rows = made
     exported(out, "--to", "hf")
     loaded = datasets.load_dataset("audiofolder", data_dir=str(out), split="train")
-    by_text = {r["normalized_text"]: r for r in going_in(rows)}
+    by_text = {said(r): r for r in going_in(rows)}
     assert sorted(loaded["transcription"]) == sorted(by_text)
     # the files as datasets found them, read here (its decoder wants librosa or torchcodec, not needed to load)
     for item in loaded.cast_column("audio", datasets.Audio(decode=False)):
@@ -328,3 +333,16 @@ def test_kaldi_is_given_16_bit_pcm_whatever_the_files_hold(tmp_path, tiny_checkp
     expected = {"float32": f"sox {path} -t wav -b 16 - |", "pcm24": f"sox {path} -t wav -b 16 - |",
                 "pcm16": path}[sample_format]
     assert line == f"000001 {expected}"
+
+
+def test_a_transcript_is_single_spaced_where_the_front_end_left_out_a_character(tmp_path, tiny_checkpoints):
+    """The model reads " smile" for "😀 smile"; a recognizer's transcript has no stray space."""
+    (tmp_path / "corpus.txt").write_text("😀 smile\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [str(tmp_path / "corpus.txt"), "-o", str(out), "--tacotron2",
+                                       str(tiny_checkpoints[0]), "--waveglow", str(tiny_checkpoints[1]),
+                                       "--device", "cpu", "--max-decoder-steps", "12", "-q", "--no-check-alignment"])
+    assert result.exit_code == 0, result.output
+    assert manifest(out)[0]["normalized_text"] == " smile"
+    exported(out, "--include-suspect")
+    assert set(map(tuple, transcripts(out).values())) == {(("000001", "smile"),)}

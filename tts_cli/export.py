@@ -31,7 +31,7 @@ from pathlib import Path
 import soundfile
 
 from tts_cli.audio import atomic_write
-from tts_cli.errors import first_line
+from tts_cli.errors import OutputNotice, first_line
 from tts_cli.manifest import STATUSES, plural, read_manifest
 from tts_cli.tarshards import shard_of
 
@@ -114,6 +114,26 @@ def refresh(out_dir: Path) -> list[Exported]:
     return [export(out_dir, names, include_suspect) for include_suspect, names in by_choice.items()]
 
 
+def refresh_saying(out_dir: Path, on_notice: Callable[[str], None]) -> None:
+    """``refresh``, said in one notice; an export that cannot be written
+    again is said in one notice --quiet keeps, and the run's outcome stands."""
+    try:
+        refreshed = refresh(out_dir)
+    except (ValueError, OSError) as e:
+        on_notice(OutputNotice(f"exports not refreshed, and they may hold lines as an earlier run made them: "
+                               f"{first_line(e)}"))
+        return
+    if refreshed:
+        on_notice("exports refreshed: " + ", ".join(f"{', '.join(done.files)} ({plural(done.lines, 'line')})"
+                                                    for done in refreshed))
+
+
+def _transcript(row: dict) -> str:
+    """The words a line's audio says, single-spaced (the normalized text
+    keeps a space where it left out a character, as the model read it)."""
+    return " ".join(row["normalized_text"].split())
+
+
 def _chosen(manifest: list[dict], wanted: tuple[str, ...]) -> tuple[list[dict], dict[str, int]]:
     """The rows that go in, by id, and how many others there are by why
     they stay out, in the order of STATUSES, then ARPABET. A brace in the
@@ -160,7 +180,7 @@ def _reasons(left_out: dict[str, int]) -> str:
 
 def _huggingface(out_dir: Path, rows: list[dict]) -> list[Path]:
     """audiofolder's metadata.jsonl beside wavs/: file_name relative to it."""
-    lines = [json.dumps({"file_name": row["audio_filepath"], "transcription": row["normalized_text"],
+    lines = [json.dumps({"file_name": row["audio_filepath"], "transcription": _transcript(row),
                          "id": row["id"], "duration": row["duration"]}, ensure_ascii=False) for row in rows]
     return [_write(out_dir / "metadata.jsonl", "".join(line + "\n" for line in lines).encode())]
 
@@ -175,7 +195,7 @@ def _lhotse(out_dir: Path, rows: list[dict]) -> list[Path]:
                            "sampling_rate": rate, "num_samples": row["num_samples"],
                            "duration": row["duration"], "channel_ids": [0]})
         supervisions.append({"id": row["id"], "recording_id": row["id"], "start": 0.0,
-                             "duration": row["duration"], "channel": 0, "text": row["normalized_text"],
+                             "duration": row["duration"], "channel": 0, "text": _transcript(row),
                              "language": "English", "speaker": SPEAKER})
     return [_write(out_dir / name, gzip.compress("".join(json.dumps(item, ensure_ascii=False) + "\n"
                                                         for item in items).encode(), mtime=0))
@@ -190,7 +210,7 @@ def _kaldi(out_dir: Path, rows: list[dict], subtypes: dict[str, str]) -> list[Pa
     audio = [str(out_dir / row["audio_filepath"]) for row in rows]
     scp = [f"{row['id']} {_rxfilename(path, subtypes[path])}" for row, path in zip(rows, audio)]
     files = {"wav.scp": scp,
-             "text": [f"{row['id']} {row['normalized_text']}" for row in rows],
+             "text": [f"{row['id']} {_transcript(row)}" for row in rows],
              "utt2spk": [f"{row['id']} {SPEAKER}" for row in rows],
              "spk2utt": [f"{SPEAKER} {' '.join(row['id'] for row in rows)}"] if rows else []}
     return [_write(folder / name, "".join(line + "\n" for line in lines).encode()) for name, lines in files.items()]
@@ -200,7 +220,7 @@ def _nemo(out_dir: Path, rows: list[dict]) -> list[Path]:
     """NeMo's ASR manifest: one JSON object a line, the audio's path, its
     seconds and the transcript (NeMo reads ``text`` as the transcript)."""
     lines = [json.dumps({"audio_filepath": str(out_dir / row["audio_filepath"]), "duration": row["duration"],
-                         "text": row["normalized_text"]}, ensure_ascii=False) for row in rows]
+                         "text": _transcript(row)}, ensure_ascii=False) for row in rows]
     return [_write(out_dir / "nemo_manifest.jsonl", "".join(line + "\n" for line in lines).encode())]
 
 

@@ -1,7 +1,8 @@
 """The run manifest: one JSON line per corpus line, saying what became of it.
 
-The manifest is JSON Lines (NeMo-style keys: ``audio_filepath``, ``duration``,
-``text``-like fields) with exactly one row per corpus line, in corpus order,
+The manifest is JSON Lines (``audio_filepath``, ``duration`` and ``text`` named
+as NeMo names them; export.py writes what NeMo reads) with exactly one row
+per corpus line, in corpus order,
 including lines that produced no audio (status ``skipped`` or ``error``, with
 a ``reason``). ``audio_filepath`` is relative to the manifest's directory so
 the output folder can be moved or shared as a whole.

@@ -26,8 +26,8 @@ from tts_cli.coordination import Alone, Share, Together, coordinator
 from tts_cli.corpus import Utterance
 from tts_cli.formats import SHARD_SIZE, Layout, is_shard_folder
 from tts_cli.devices import device_type, open_cuda_early
-from tts_cli.errors import FatalError, OutputError, OutputNotice, cannot_write, first_line
-from tts_cli.export import refresh
+from tts_cli.errors import FatalError, OutputError, OutputNotice, cannot_write
+from tts_cli.export import refresh_saying
 from tts_cli.planning import PendingLine, WindowReader, batch_plan, collector_paused, plan_lines
 from tts_cli.journal import ManifestJournal
 from tts_cli.tarshards import ONE_PROCESS, SHARDS, clashing_keys, rewrite_without, superseded
@@ -110,7 +110,7 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
     own for its duration (signals.py says what each signal does).
 
     A run that saves the manifest, done or stopped, writes again from it the
-    exports ``tts-batch export`` wrote in ``out_dir`` (export.refresh)."""
+    exports ``tts-batch export`` wrote in ``out_dir`` (export.refresh_saying)."""
     with contextlib.nullcontext(signals) if signals else StopOnSignals() as signals:
         with output_lock.held(out_dir, group):
             return _synthesize(settings, utterances, out_dir, on_notice, engine,
@@ -211,7 +211,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                              failed=manifest.lines_of(manifest.failed), unsaid=manifest.lines_of(manifest.unsaid))
         progress = checkpoint.progress()
         if together.wrote_manifest(done) and not manifest.on_disk:
-            _refresh_exports(out_dir, on_notice)
+            refresh_saying(out_dir, on_notice)
     if signals.received is not None and not done:   # a signal after the last line stopped nothing
         raise Interrupted(signals.received, summary, checkpoint.path, *progress)
     return summary
@@ -290,20 +290,6 @@ def _report_superseded(out_dir: Path, named: Container[str], written: list[str],
         raise OutputError(cannot_write(out_dir, e, then="run the same command again with --prune")) from None
     on_notice(f"rewrote {plural(len(stale), 'shard')} in {out_dir / SHARDS} without the {plural(count, 'line')} no "
               f"manifest row placed there (--prune)")
-
-
-def _refresh_exports(out_dir: Path, on_notice) -> None:
-    """The folder's exports, written again from the manifest just saved; one
-    that cannot be is said in one notice, and the run's outcome stands."""
-    try:
-        refreshed = refresh(out_dir)
-    except (ValueError, OSError) as e:
-        on_notice(OutputNotice(f"exports not refreshed, and they may hold lines as an earlier run made them: "
-                               f"{first_line(e)}"))
-        return
-    if refreshed:
-        on_notice("exports refreshed: " + ", ".join(f"{', '.join(done.files)} ({plural(done.lines, 'line')})"
-                                                    for done in refreshed))
 
 
 def _plan_line(utterances: list[Utterance], to_do: int, reused: int, voice: Voice) -> str:
