@@ -20,7 +20,7 @@ import click
 
 from tts_cli.config import (AUDIO_FORMATS, BATCH_SIZES, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
                             SAMPLE_FORMATS, SAMPLE_RATES, ConfigError, load_settings)
-from tts_cli.formats import LAYOUTS, NORMALIZATIONS
+from tts_cli.formats import EXPORTS, LAYOUTS, NORMALIZATIONS
 from tts_cli.manifest import plural
 
 EXIT_LINE_ERRORS = 1
@@ -288,7 +288,7 @@ def _for_rank(settings, group):
 
 @main.command("export")
 @click.argument("out_dir", type=click.Path(file_okay=False, exists=True, path_type=Path), metavar="OUT")
-@click.option("--to", "formats", default="hf,lhotse,kaldi,nemo", show_default=True,
+@click.option("--to", "formats", default=",".join(EXPORTS), show_default=True,
               help="Comma-separated: hf (audiofolder metadata.jsonl), lhotse (recordings.jsonl.gz, "
                    "supervisions.jsonl.gz), kaldi (kaldi/wav.scp, text, utt2spk, spk2utt), nemo "
                    "(nemo_manifest.jsonl).")

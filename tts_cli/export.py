@@ -32,10 +32,10 @@ import soundfile
 
 from tts_cli.audio import atomic_write
 from tts_cli.errors import OutputNotice, first_line
+from tts_cli.formats import EXPORTS
 from tts_cli.manifest import STATUSES, plural, read_manifest
 from tts_cli.tarshards import shard_of
 
-EXPORTS = ("hf", "lhotse", "kaldi", "nemo")
 # Kaldi and Lhotse want a speaker per utterance: all lines share the voice.
 SPEAKER = "tts"
 # Why a line of a status that goes in is left out: its text holds phones.

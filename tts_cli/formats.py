@@ -24,6 +24,8 @@ FLAC_SAMPLE_FORMATS = ("pcm16", "pcm24")
 # Where a line's files go: "files", one file each in wavs/ (and mels/); or
 # "webdataset", the line's members in tar shards in shards/ (tarshards.py).
 LAYOUTS = ("files", "webdataset")
+# What ``tts-batch export --to`` writes (export.py), all by default.
+EXPORTS = ("hf", "lhotse", "kaldi", "nemo")
 # The webdataset layout's folder in the output directory.
 SHARDS = "shards"
 # A webdataset shard is finished once it holds this many bytes or more.
