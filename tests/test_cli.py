@@ -181,6 +181,11 @@ def test_a_usage_mistake_is_one_line_naming_the_option(tmp_path):
         assert named in result.output and "--help" in result.output
 
 
+def test_the_command_alone_shows_its_help_not_an_error():
+    result = CliRunner().invoke(main, [])
+    assert result.output.startswith("Usage: ") and "synth" in result.output and "error" not in result.output
+
+
 def test_help_lists_the_options():
     result = CliRunner().invoke(main, ["synth", "--help"])
     for option in ("--tacotron2", "--waveglow", "--sigma", "--denoiser-strength", "--max-decoder-steps",

@@ -32,6 +32,10 @@ def fatal(message: str) -> None:
     sys.exit(EXIT_USAGE)
 
 
+# ``tts-batch`` with nothing after it (click 8.2 and later).
+_NO_ARGUMENTS = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 class DefaultToSynth(click.Group):
     """``tts-batch CORPUS ...`` runs ``synth``; ``tts-batch bench`` the benchmark.
     A usage mistake (an unknown option, a value out of range, a missing
@@ -47,6 +51,9 @@ class DefaultToSynth(click.Group):
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
             status = super().main(*args, standalone_mode=False, **kwargs)
+        except _NO_ARGUMENTS as e:   # ``tts-batch`` alone: the help, as click shows it
+            e.show()
+            sys.exit(e.exit_code)
         except click.UsageError as e:
             command = e.ctx.command_path if e.ctx is not None else "tts-batch"
             fatal(f"{e.format_message()} ({command} --help lists the options)")
