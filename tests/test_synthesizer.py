@@ -1,6 +1,7 @@
 """The Python front door: Synthesizer.load, .synthesize, .synthesize_to_dir."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import warnings
@@ -183,3 +184,58 @@ def test_a_seed_given_to_load_is_the_one_synthesize_uses(tiny_checkpoints, tiny)
         [first], [again] = seeded.synthesize(["Hello there."]), seeded.synthesize(["Hello there."])
         [four], [five] = tiny.synthesize(["Hello there."], seed=4), tiny.synthesize(["Hello there."], seed=5)
     assert np.array_equal(first, again) and np.array_equal(first, four) and not np.array_equal(four, five)
+
+
+def test_a_signal_ends_the_run_as_a_keyboard_interrupt_and_gives_the_caller_its_handlers_back(tmp_path, tiny):
+    """A notebook's Ctrl-C: the files in flight are finished, ``except
+    Exception`` does not swallow it, the next Ctrl-C works, and the same
+    call again finishes the job."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    sent = []
+
+    def stop_once(line):
+        if not sent:
+            sent.append(line)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    texts = ["Hello there.", "A second line.", "And a third."]
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        tiny.synthesize_to_dir(texts, tmp_path / "out", on_notice=stop_once, quiet=True)
+    assert not isinstance(stopped.value, Exception)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    summary = tiny.synthesize_to_dir(texts, tmp_path / "out", quiet=True)
+    assert summary.counts["pending"] == 0 and sum(summary.counts.values()) == 3
+
+
+def test_an_option_given_as_none_to_synthesize_to_dir_leaves_the_loaded_one(tiny_checkpoints, tmp_path):
+    seeded = Synthesizer.load(*tiny_checkpoints, seed=5, sample_rate=16000, **SAME)
+    summary = seeded.synthesize_to_dir(["Hi."], tmp_path / "out", quiet=True, seed=None, sample_rate=None)
+    assert summary.seed == 5 and sf.info(tmp_path / "out" / "wavs" / "000001.wav").samplerate == 16000
+
+
+def test_a_drawn_seed_is_kept_so_the_same_audio_can_be_made_again(tiny):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the tiny voice's lines are suspect
+        [first] = tiny.synthesize(["Hello there."])
+        drawn = tiny.last_seed
+        [other] = tiny.synthesize(["Hello there."])
+        [again] = tiny.synthesize(["Hello there."], seed=drawn)
+    assert drawn is not None and np.array_equal(first, again) and not np.array_equal(first, other)
+
+
+def test_what_the_command_says_even_under_quiet_load_says_as_a_warning(tiny_checkpoints):
+    with pytest.warns(UserWarning, match="precision fp16 is for CUDA; running on CPU in fp32"):
+        s = Synthesizer.load(*tiny_checkpoints, device="cpu", precision="fp16")
+    assert "cpu, fp32" in repr(s) and f"{s.sample_rate} Hz" in repr(s)
+    import tts_cli
+    assert "Synthesizer" in dir(tts_cli)
+
+
+def test_a_text_with_a_lone_surrogate_is_an_error_row_and_the_rest_goes_on(tiny, tmp_path):
+    """Bytes decoded with surrogateescape (file names, say) are not text."""
+    summary = tiny.synthesize_to_dir(["Hello \udcff there.", "Second."], tmp_path / "out", quiet=True)
+    first, second = manifest(tmp_path / "out")
+    assert first["status"] == "error" and "lone surrogate, U+DCFF, at character 7" in first["reason"]
+    assert second["status"] != "error" and summary.counts["error"] == 1
+    with pytest.raises(ValueError, match="text 0 .*lone surrogate"):
+        tiny.synthesize(["Hello \udcff there."])

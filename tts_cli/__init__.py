@@ -7,6 +7,7 @@ runs the models on a device, pipeline.py runs the whole job, cli.py is the
 """
 
 __version__ = "0.1.0"
+__all__ = ["Synthesizer"]
 
 
 def __getattr__(name: str):
@@ -16,3 +17,7 @@ def __getattr__(name: str):
         from tts_cli.synthesizer import Synthesizer
         return Synthesizer
     raise AttributeError(f"module 'tts_cli' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

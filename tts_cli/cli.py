@@ -199,7 +199,7 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
 
     # Before torch is imported (seconds): from here on no signal raises, so
     # however many come, and whenever, the run ends through its own exits.
-    with StopOnSignals() as signals:
+    with StopOnSignals(then_ignore=True) as signals:
         settings, utterances = _checked(corpus, out_dir, recipe, format_, options)
         summary, settings, group = _synth(settings, utterances, out_dir, signals)
         # Rank 0 alone knows the whole job's outcome; under torchrun a failing

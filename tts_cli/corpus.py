@@ -45,6 +45,7 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 # Problems that mean "nothing to say" rather than "something is wrong": the
 # manifest marks such lines skipped, the others error.
 EMPTY_LINE = "empty line"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 EMPTY_TEXT = "empty text"
 NOTHING_TO_SAY = (EMPTY_LINE, EMPTY_TEXT)
 
@@ -105,8 +106,18 @@ def utterances_from_texts(texts: list[str]) -> list[Utterance]:
     ``texts`` (the same ids, so the same seeds), one utterance per text
     whatever line breaks it holds."""
     width = max(_MIN_ID_WIDTH, len(str(len(texts))))
-    return [Utterance(line=n, id=f"{n:0{width}d}", text=text, problem=None if text.strip() else EMPTY_LINE)
-            for n, text in enumerate(texts, start=1)]
+    return [_given_text(n, f"{n:0{width}d}", text) for n, text in enumerate(texts, start=1)]
+
+
+def _given_text(line: int, line_id: str, text: str) -> Utterance:
+    """A text given as a string, as a plain corpus's line: one with a lone
+    surrogate (a file name or bytes decoded with ``surrogateescape``) is not
+    text, as a line that is not UTF-8 is not."""
+    if (bad := _SURROGATE.search(text)) is not None:
+        return Utterance(line=line, id=line_id, text="",
+                         problem=f"text is not valid Unicode (a lone surrogate, U+{ord(bad.group()):04X}, at "
+                                 f"character {bad.start() + 1}); decode its bytes as UTF-8 (errors='replace')")
+    return Utterance(line=line, id=line_id, text=text, problem=None if text.strip() else EMPTY_LINE)
 
 
 def format_hint(path: str | os.PathLike, utterances: list[Utterance], fmt: str) -> str | None:

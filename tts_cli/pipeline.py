@@ -40,10 +40,11 @@ if TYPE_CHECKING:   # torch: imported once there is work (loading.py) or under t
     from tts_cli.distributed import Group
     from tts_cli.engine import Engine, Job, Result
 
-class Interrupted(Exception):
+class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM: the files in flight were finished and the manifest
     (under torchrun: this process's partial manifest) saved at ``saved``,
-    which holds ``done`` finished lines out of ``total``."""
+    which holds ``done`` finished lines out of ``total``. A KeyboardInterrupt,
+    so that a caller's ``except Exception`` does not swallow a Ctrl-C."""
 
     def __init__(self, signum: int, summary: "RunSummary", saved: Path, done: int, total: int):
         super().__init__(signal.Signals(signum).name)

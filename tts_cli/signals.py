@@ -25,13 +25,16 @@ import threading
 class StopOnSignals:
     """While entered (from the main thread; elsewhere, as in a library
     caller's worker, nothing is installed), SIGINT and SIGTERM set ``stop``,
-    then ``abort``; ``received`` is the first signal's number."""
+    then ``abort``; ``received`` is the first signal's number. On leaving,
+    the handlers before it are put back; ``then_ignore`` (the command's,
+    which ends after a signal): once a signal came, the two are ignored."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
+    def __init__(self, then_ignore: bool = False):
         self.stop, self.abort = threading.Event(), threading.Event()
         self.received: int | None = None
+        self.then_ignore = then_ignore
         self._previous: dict = {}
 
     def _handle(self, signum, frame):
@@ -45,12 +48,14 @@ class StopOnSignals:
         return self
 
     def __exit__(self, *exc) -> bool:
-        # After a signal the process is on its way out with that signal's
+        # After a signal the command is on its way out with that signal's
         # status: more signals change nothing. Ignored, not handled: the
         # interpreter puts the default action (death by the signal) back in
-        # place of a Python handler while it exits.
+        # place of a Python handler while it exits. A library caller goes on,
+        # with its own handlers.
+        ignore = self.then_ignore and self.received is not None
         for s, handler in self._previous.items():
-            signal.signal(s, handler if self.received is None else signal.SIG_IGN)
+            signal.signal(s, signal.SIG_IGN if ignore else handler)
         self._previous = {}
         return False
 

@@ -26,7 +26,7 @@ import numpy as np
 from tts_cli.config import (BATCH_SIZES, DEFAULT_RECIPE, MODEL_SETTINGS, SHORTEST_FIRST, Settings, check_names,
                             load_settings)
 from tts_cli.corpus import Utterance, read_corpus, utterances_from_texts
-from tts_cli.errors import FatalError
+from tts_cli.errors import FatalError, OutputNotice
 from tts_cli.resume import run_seed as run_seed_of
 from tts_cli.voice import Voice, resolve_voice
 
@@ -41,6 +41,14 @@ class Synthesizer:
         self._voice: Voice | None = None   # resolved, then loaded
         self._engine = None
         self._voiced: Settings | None = None   # with the voice's sample rate and denoiser strength
+        self.last_seed: int | None = None   # the run seed of the last ``synthesize``, given or drawn
+
+    def __repr__(self) -> str:
+        voice = self._voice
+        if voice is None or self._engine is None:
+            return f"Synthesizer(not loaded, device={self.settings.device!r})"
+        return (f"Synthesizer({voice.label}, {voice.name or 'unnamed voice'}, {voice.device}, {voice.precision}, "
+                f"{self.sample_rate} Hz)")
 
     @classmethod
     def load(cls, tacotron2: str | os.PathLike | None = None, waveglow: str | os.PathLike | None = None,
@@ -58,7 +66,9 @@ class Synthesizer:
                                           "device": device, "precision": precision, **options}, spelled=None)
         check_files(settings)
         synthesizer = cls(settings)
-        synthesizer.engine   # loads
+        for notice in (*synthesizer.resolved_voice.notices, *synthesizer.engine.notices):   # loads
+            if isinstance(notice, OutputNotice):   # what the command says even under --quiet
+                warnings.warn(notice, stacklevel=2)
         return synthesizer
 
     @classmethod
@@ -102,7 +112,8 @@ class Synthesizer:
 
     def synthesize(self, texts: Iterable[str], seed: int | None = None) -> list[np.ndarray]:
         """One float32 array per text (mono, ``sample_rate``), in the order
-        given; ``seed`` None: the one given to ``load``, else a new draw.
+        given; ``seed`` None: the one given to ``load``, else a new draw
+        (``last_seed`` holds the one used, to make the same audio again).
         A text with nothing to say gives an empty array; one the text
         front end cannot read (a number too large to speak) raises
         ValueError naming it before anything is synthesized. A text whose
@@ -115,6 +126,7 @@ class Synthesizer:
         utterances = utterances_from_texts(_texts(texts))
         seeded = self.settings if seed is None else dataclasses.replace(self.settings, seed=seed)
         run_seed, _ = run_seed_of(seeded, {})   # the command's draw
+        self.last_seed = run_seed
         rows = {}
         pending = [prepare_line(u, run_seed, rows, self.settings) for u in utterances]
         for u in utterances:
@@ -154,13 +166,18 @@ class Synthesizer:
         ``piece_pause``, ``retries``, ``strict``, ``force``, ``quiet``); those
         that change what the models make (``sigma``, ``max_decoder_steps``,
         the alignment thresholds, ``save_mels``, ...: ``config.MODEL_SETTINGS``)
-        are fixed by ``load``. Returns the run's ``pipeline.RunSummary``;
-        notices go to ``on_notice`` (default: none). ``signals`` and
-        ``group`` are the command's: its signal handlers and its torchrun
-        group (``pipeline.synthesize_corpus``)."""
+        are fixed by ``load``; one given as None is not given (the one
+        ``load`` had stands). Returns the run's ``pipeline.RunSummary``;
+        notices go to ``on_notice`` (default: none), and a progress bar to
+        stderr unless ``quiet=True``. A SIGINT or SIGTERM during the run
+        finishes the files in flight, saves the manifest and raises
+        ``pipeline.Interrupted`` (a KeyboardInterrupt); the same call again
+        makes the rest. ``signals`` and ``group`` are the command's: its
+        signal handlers and its torchrun group (``pipeline.synthesize_corpus``)."""
         from tts_cli.pipeline import synthesize_corpus
 
         check_names(options)
+        options = {name: value for name, value in options.items() if value is not None}
         fixed = sorted(set(options) & MODEL_SETTINGS)
         if fixed and self._engine is not None:
             raise ValueError(f"{', '.join(fixed)}: fixed when the models load; pass to Synthesizer.load")
