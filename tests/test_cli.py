@@ -601,3 +601,17 @@ def test_the_progress_bar_is_drawn_on_a_terminal_of_no_width(tmp_path, tiny_chec
     bars = [part for part in said.decode(errors="replace").split("\r") if "2/2" in part]
     assert bars and "100%|" in bars[-1] and "line" in bars[-1], said
     assert len(bars[-1].rstrip("\r\n")) == 79, "80 columns, one left free"
+
+
+def test_a_file_or_folder_in_the_way_of_the_output_says_to_move_it(tmp_path, tiny_checkpoints):
+    """Not "free disk space", and not --force, which could not help."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Hi.\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "wavs").write_text("")
+    (tmp_path / "b" / "manifest.jsonl").mkdir(parents=True)
+    for out, said in (("a", "a file is in the way of that folder: move it away"),
+                      ("b", "a folder where the manifest goes; move it away")):
+        result = run([str(corpus), "-o", str(tmp_path / out)], tiny_checkpoints)
+        assert result.exit_code == 2 and said in result.output
+        assert "disk space" not in result.output and "--force" not in result.output

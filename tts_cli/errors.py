@@ -37,6 +37,9 @@ _WRITE_ADVICE = {
     # a folder that cannot hold files (/proc, /sys) or a path through a file
     errno.ENOENT: "that place cannot hold the output: choose another -o",
     errno.ENOTDIR: "a part of the path is a file: choose another -o",
+    # a file where the output needs a folder (wavs, say), or a folder where it needs a file
+    errno.EEXIST: "a file is in the way of that folder: move it away",
+    errno.EISDIR: "a folder is in the way of that file: move it away",
 }
 
 

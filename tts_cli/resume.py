@@ -133,6 +133,9 @@ def _unpacked(where: int) -> tuple[int, int, int]:
 
 def _damaged(e: Exception) -> FatalError:
     """An earlier manifest that cannot be read, and what to do."""
+    if isinstance(e, IsADirectoryError):   # no run wrote it: --force could not write one there either
+        return FatalError(f"{e.filename}: a folder where the manifest goes; move it away, or choose another "
+                          "output directory")
     return FatalError(f"{e}; pass --force to start over, or choose another output directory")
 
 
