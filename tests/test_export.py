@@ -276,6 +276,59 @@ def test_a_refresh_that_fails_is_one_warning_and_the_run_stands(tmp_path, tiny_c
     assert (out / "wavs" / "000001.wav").is_file()
 
 
+def test_a_run_that_leaves_no_line_to_export_removes_the_exports_and_a_later_one_makes_them_again(
+        tmp_path, tiny_checkpoints):
+    """Lines of another script (suspect, left out) where the exported lines
+    were: the exports must not pair the old transcripts with the new audio."""
+    out = tmp_path / "out"
+    assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.").exit_code == 0
+    exported(out, "--to", "hf,kaldi")
+    result = synthesized(tmp_path, tiny_checkpoints, "東京", "京都")
+    assert result.exit_code == 0 and not (out / "metadata.jsonl").exists() and not (out / "kaldi" / "text").exists()
+    [notice] = [line for line in result.output.splitlines() if "exports removed" in line]
+    assert "metadata.jsonl" in notice and "no line to export" in notice
+    result = synthesized(tmp_path, tiny_checkpoints, "Hello there.", "京都")
+    assert result.exit_code == 0 and "exports refreshed: hf, kaldi (1 line)" in result.output
+    assert transcripts(out, ("hf", "kaldi")) == {name: [("000001", "hello there.")] for name in ("hf", "kaldi")}
+
+
+def test_a_refresh_cut_short_is_finished_by_the_next_run_with_nothing_to_do(tmp_path, tiny_checkpoints, monkeypatch):
+    """A SIGKILL after the manifest is saved and before the exports are: the
+    record still names the manifest they were made from, not this one."""
+    out = tmp_path / "out"
+    assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.").exit_code == 0
+    exported(out, "--to", "hf")
+    with monkeypatch.context() as patched:
+        patched.setattr("tts_cli.pipeline.refresh_saying", lambda *args: None)   # killed there
+        assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.").exit_code == 0
+    assert len(transcripts(out, ("hf",))["hf"]) == 1
+    again = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.")
+    assert again.exit_code == 0 and "nothing to do" in again.output and "exports refreshed: hf (2 lines)" in again.output
+    assert len(transcripts(out, ("hf",))["hf"]) == 2
+    after = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.")
+    assert "exports refreshed" not in after.output   # made from this manifest: nothing to write
+
+
+def test_a_record_whose_choice_is_not_true_or_false_is_refused(made):
+    out, _ = made
+    exported(out, "--to", "hf")
+    record = json.loads((out / "exports.json").read_text())
+    record["exports"]["hf"]["include_suspect"] = "no"
+    (out / "exports.json").write_text(json.dumps(record))
+    result = CliRunner().invoke(main, ["export", str(out), "--to", "hf"])
+    assert result.exit_code == 2 and "include_suspect true or false" in result.output
+    (out / "exports.json").unlink()
+
+
+def test_the_files_each_export_is_known_by_are_those_it_writes(made):
+    from tts_cli.export import FILES
+    out, _ = made
+    result = exported(out)
+    for name, paths in FILES.items():
+        assert all((out / path).is_file() for path in paths), name
+        assert f"{name}: " + ", ".join(str(out.resolve() / path) for path in paths) in result.output
+
+
 def test_lhotse_loads_them_with_the_files_durations(made):
     lhotse = pytest.importorskip("lhotse")
     out, rows = made

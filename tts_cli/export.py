@@ -10,10 +10,10 @@ audiofolder's file names are relative to its metadata.jsonl, as it
 requires; Lhotse, Kaldi and NeMo resolve paths against the working
 directory, so theirs are absolute.
 
-RECORD, in the output folder, lists the exports written there and whether
-each took the suspect lines: a synthesis run into that folder writes them
-again from its new manifest (``refresh``), so that none keeps a line's old
-text or duration. audiofolder reads only metadata.* files, and Lhotse, Kaldi
+RECORD, in the output folder, lists the exports written there, whether
+each took the suspect lines, and the manifest they were made from: a
+synthesis run into that folder writes them again where its manifest is
+another (``refresh``), so that none keeps a line's old text or duration. audiofolder reads only metadata.* files, and Lhotse, Kaldi
 and NeMo only the files they are given, so none takes it for data.
 """
 from __future__ import annotations
@@ -44,16 +44,22 @@ ARPABET = "with ARPAbet"
 FINISH = "finish the run first: the same tts-batch command again"
 # What to do about an audio file a row names that is not there.
 REMAKE = "run the same tts-batch command again: it makes missing files again"
-# {export name: {"include_suspect": bool}} of the exports in the folder.
+# {"exports": {export name: {"include_suspect": bool}}, "made_from": the
+# manifest's _stamp}: the exports in the folder, and what they were made from.
 RECORD = "exports.json"
+# Each export's files, as its writer below writes them.
+FILES = {"hf": ["metadata.jsonl"], "lhotse": ["recordings.jsonl.gz", "supervisions.jsonl.gz"],
+         "kaldi": ["kaldi/wav.scp", "kaldi/text", "kaldi/utt2spk", "kaldi/spk2utt"],
+         "nemo": ["nemo_manifest.jsonl"]}
 
 
 @dataclass(frozen=True)
 class Exported:
     """What ``export`` wrote, and what it left out."""
-    files: dict[str, list[Path]]   # each export's files
+    files: dict[str, list[Path]]   # each export's files (removed, where ``emptied``)
     lines: int                     # the lines each holds
     left_out: dict[str, int]       # the manifest's other lines, by why: their status, or ARPABET
+    emptied: str | None = None     # why a refresh removed them: no line to export
 
     @property
     def summary(self) -> str:
@@ -62,10 +68,15 @@ class Exported:
         return f"exported {plural(self.lines, 'line')}{left_out}"
 
 
+class NothingToExport(ValueError):
+    """A manifest with no line to export; nothing was written."""
+
+
 def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> Exported:
     """Write each of ``formats`` (EXPORTS) into ``out_dir``. A manifest
-    with no line to export, or a line's audio file missing (for Kaldi,
-    unreadable), raises ValueError, and nothing is written."""
+    with no line to export (NothingToExport), or a line's audio file
+    missing (for Kaldi, unreadable), raises ValueError, and nothing is
+    written."""
     if not formats:
         raise ValueError(f"no export named; use any of: {', '.join(EXPORTS)}")
     unknown = sorted(set(formats) - set(EXPORTS))
@@ -73,10 +84,11 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
         raise ValueError(f"unknown export {', '.join(unknown)}; use any of: {', '.join(EXPORTS)}")
     wanted = ("ok", "suspect") if include_suspect else ("ok",)
     out_dir = out_dir.resolve()
-    record = recorded(out_dir)
+    exports, _ = recorded(out_dir)
+    made_from = _stamp(out_dir)
     rows, left_out = _chosen(read_manifest(out_dir / "manifest.jsonl"), wanted)
     if not rows:
-        raise ValueError(_nothing_to_export(out_dir / "manifest.jsonl", left_out))
+        raise NothingToExport(_nothing_to_export(out_dir / "manifest.jsonl", left_out))
     in_shards = [row["id"] for row in rows if shard_of(row["audio_filepath"] or "")]
     if in_shards:
         raise ValueError(f"{out_dir}: {len(in_shards)} lines (e.g. {in_shards[0]}) are in tar shards "
@@ -85,47 +97,98 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
     writers: dict[str, Callable[[Path, list[dict]], list[Path]]] = {
         "hf": _huggingface, "lhotse": _lhotse, "kaldi": functools.partial(_kaldi, subtypes=subtypes), "nemo": _nemo}
     files = {name: writers[name](out_dir, rows) for name in formats}
-    record.update(dict.fromkeys(formats, include_suspect))
-    _write(out_dir / RECORD, json.dumps({name: {"include_suspect": took} for name, took in record.items()},
-                                        indent=1).encode() + b"\n")
+    _record(out_dir, {**exports, **dict.fromkeys(formats, include_suspect)}, made_from)
     return Exported(files, len(rows), left_out)
 
 
-def recorded(out_dir: Path) -> dict[str, bool]:
+def recorded(out_dir: Path) -> tuple[dict[str, bool], list[int] | None]:
     """The exports RECORD lists in ``out_dir``, each with whether it took
-    the suspect lines; none without it."""
+    the suspect lines, and the manifest they were made from (``_stamp``);
+    none without it."""
     path = out_dir / RECORD
     try:
-        return {name: bool(how["include_suspect"]) for name, how in json.loads(path.read_bytes()).items()}
+        record = json.loads(path.read_bytes())
+        exports = {name: how["include_suspect"] for name, how in record["exports"].items()}
+        made_from = record["made_from"]
     except FileNotFoundError:
-        return {}
+        return {}, None
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"{path}: not a record of exports ({first_line(e)}); remove it and export again") from None
+    if set(exports) - set(EXPORTS) or not all(isinstance(took, bool) for took in exports.values()):
+        raise ValueError(f"{path}: not a record of exports (names of {', '.join(EXPORTS)}, each with "
+                         "include_suspect true or false); remove it and export again")
+    return exports, made_from
 
 
 def refresh(out_dir: Path) -> list[Exported]:
-    """The exports RECORD lists in ``out_dir`` written again from its
-    manifest, each with or without the suspect lines as before: one
-    ``Exported`` for those with, one for those without; none without a
-    record."""
+    """The exports RECORD lists in ``out_dir``, made again from its manifest
+    where it is not the one they were made from (a run changed it; or the
+    last refresh was cut short), each with or without the suspect lines as
+    before: one ``Exported`` for those with, one for those without. Where
+    no line is left to export, their files are removed (none may name a
+    line's old audio or text) and they stay listed, to come back with the
+    lines."""
+    out_dir = out_dir.resolve()
+    exports, made_from = recorded(out_dir)
+    manifest = _stamp(out_dir)
+    if not exports or made_from == manifest:
+        return []
     by_choice: dict[bool, list[str]] = {}
-    for name, include_suspect in recorded(out_dir.resolve()).items():
+    for name, include_suspect in exports.items():
         by_choice.setdefault(include_suspect, []).append(name)
-    return [export(out_dir, names, include_suspect) for include_suspect, names in by_choice.items()]
+    done = []
+    for include_suspect, names in by_choice.items():
+        try:
+            done.append(export(out_dir, names, include_suspect))
+        except NothingToExport as e:
+            done.append(Exported({name: _remove(out_dir, name) for name in names}, 0, {}, emptied=first_line(e)))
+    _record(out_dir, exports, manifest)
+    return done
 
 
 def refresh_saying(out_dir: Path, on_notice: Callable[[str], None]) -> None:
-    """``refresh``, said in one notice; an export that cannot be written
-    again is said in one notice --quiet keeps, and the run's outcome stands."""
+    """``refresh``, said in one notice; exports emptied, or one that cannot
+    be written again, in one notice --quiet keeps; the run's outcome stands."""
     try:
         refreshed = refresh(out_dir)
     except (ValueError, OSError) as e:
         on_notice(OutputNotice(f"exports not refreshed, and they may hold lines as an earlier run made them: "
                                f"{first_line(e)}"))
         return
-    if refreshed:
+    for done in (d for d in refreshed if d.emptied):
+        on_notice(OutputNotice(f"exports removed: {', '.join(map(str, _files(done)))} ({done.emptied}); "
+                               "the next run with lines to export makes them again"))
+    written = [d for d in refreshed if not d.emptied]
+    if written:
         on_notice("exports refreshed: " + ", ".join(f"{', '.join(done.files)} ({plural(done.lines, 'line')})"
-                                                    for done in refreshed))
+                                                    for done in written))
+
+
+def _stamp(out_dir: Path) -> list[int] | None:
+    """Which manifest.jsonl ``out_dir`` holds: its size, modification time
+    and inode (each write is a new file, renamed into place)."""
+    try:
+        found = (out_dir / "manifest.jsonl").stat()
+    except FileNotFoundError:
+        return None
+    return [found.st_size, found.st_mtime_ns, found.st_ino]
+
+
+def _record(out_dir: Path, exports: dict[str, bool], made_from: list[int] | None) -> None:
+    record = {"exports": {name: {"include_suspect": took} for name, took in exports.items()}, "made_from": made_from}
+    _write(out_dir / RECORD, json.dumps(record, indent=1).encode() + b"\n")
+
+
+def _remove(out_dir: Path, name: str) -> list[Path]:
+    """The files of export ``name`` (FILES) in ``out_dir``, removed."""
+    paths = [out_dir / file for file in FILES[name]]
+    for path in paths:
+        path.unlink(missing_ok=True)
+    return paths
+
+
+def _files(done: Exported) -> list[Path]:
+    return [path for paths in done.files.values() for path in paths]
 
 
 def _transcript(row: dict) -> str:

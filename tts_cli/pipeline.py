@@ -211,7 +211,7 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                              made=to_do - reader.without_audio, retried=manifest.retried.count(1),
                              failed=manifest.lines_of(manifest.failed), unsaid=manifest.lines_of(manifest.unsaid))
         progress = checkpoint.progress()
-        if together.wrote_manifest(done) and not manifest.on_disk:
+        if together.wrote_manifest(done):   # the exports, where not made from this manifest
             refresh_saying(out_dir, on_notice)
     if signals.received is not None and not done:   # a signal after the last line stopped nothing
         raise Interrupted(signals.received, summary, checkpoint.path, *progress)
