@@ -615,3 +615,22 @@ def test_a_file_or_folder_in_the_way_of_the_output_says_to_move_it(tmp_path, tin
         result = run([str(corpus), "-o", str(tmp_path / out)], tiny_checkpoints)
         assert result.exit_code == 2 and said in result.output
         assert "disk space" not in result.output and "--force" not in result.output
+
+
+def test_a_signal_after_the_last_line_is_said_under_quiet_with_its_status(tmp_path, tiny_checkpoints):
+    """Cron sees 143: one line says the job is whole all the same."""
+    (tmp_path / "corpus.txt").write_text("Hi.\n")
+    script = ("import os, signal, sys, tts_cli.pipeline as p\n"
+              "p.refresh_saying = lambda *args: os.kill(os.getpid(), signal.SIGTERM)   # the job's very end\n"
+              "from tts_cli.cli import run\n"
+              "sys.argv = ['tts-batch', *sys.argv[1:]]\n"
+              "run()\n")
+    done = subprocess.run([sys.executable, "-c", script, "corpus.txt", "-o", "out", "--device", "cpu", "--quiet",
+                           "--max-decoder-steps", "12", "--no-check-alignment", "--tacotron2", str(tiny_checkpoints[0]),
+                           "--waveglow", str(tiny_checkpoints[1])], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert done.returncode == 143
+    [line] = done.stderr.splitlines()
+    assert "SIGTERM received after the last line was written: every line has its row" in line
+    assert [r["status"] for r in manifest(tmp_path / "out")] != ["pending"]

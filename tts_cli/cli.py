@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import shlex
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -216,6 +217,9 @@ def synth(corpus: Path, out_dir: Path, recipe: str, format_: str | None, **optio
             click.echo(f"tts-batch: {common}", err=True)
         if unsaid is not None and (group is None or group.rank == 0):   # even under --quiet: a wrong label
             click.echo(f"tts-batch: warning: {unsaid}", err=True)
+        if signals.received is not None and (group is None or group.rank == 0):   # the status says a signal
+            click.echo(f"tts-batch: {signal.Signals(signals.received).name} received after the last line was "
+                       f"written: every line has its row in {out_dir / 'manifest.jsonl'}", err=True)
         sys.exit(signals.exit_status or (EXIT_LINE_ERRORS if failed else 0))
 
 

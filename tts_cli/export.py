@@ -13,8 +13,9 @@ directory, so theirs are absolute.
 RECORD, in the output folder, lists the exports written there, whether
 each took the suspect lines, and the manifest they were made from: a
 synthesis run into that folder writes them again where its manifest is
-another (``refresh``), so that none keeps a line's old text or duration. audiofolder reads only metadata.* files, and Lhotse, Kaldi
-and NeMo only the files they are given, so none takes it for data.
+another (``refresh``), so that none keeps a line's old text or duration.
+audiofolder reads only metadata.* files, and Lhotse, Kaldi and NeMo only
+the files they are given, so none takes it for data.
 """
 from __future__ import annotations
 
