@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tts_cli.corpus import FORMATS, CorpusError, Utterance, format_hint, read_corpus
+from tts_cli.corpus import FORMATS, CorpusError, Utterance, format_hint, read_corpus, utterances_from_texts
 
 
 def write_corpus(tmp_path: Path, data: bytes, name: str = "corpus.txt") -> Path:
@@ -39,14 +39,6 @@ def test_plain_numbers_ids_from_line_and_keeps_text_as_read(tmp_path):
         Utterance(2, "000002", '  Spaces kept, "quotes" too.  '),
         Utterance(3, "000003", "Ümlaut café."),
     ]
-
-
-def test_plain_id_width_grows_past_six_digits_for_large_corpora(tmp_path):
-    path = write_corpus(tmp_path, b"x\n" * 1_000_000)
-    rows = read_corpus(path)
-    assert len(rows) == 1_000_000
-    assert rows[0].id == "0000001"
-    assert rows[-1].id == "1000000"
 
 
 def test_bom_and_crlf_are_not_part_of_the_text(tmp_path):
@@ -466,3 +458,13 @@ def test_texts_given_in_python_get_the_ids_and_problems_a_plain_corpus_file_of_t
     assert [u.id for u in utterances_from_texts(["a", "b"])] == [u.id for u in read_corpus(two, "plain")]
     [one] = utterances_from_texts(["two\nlines"])
     assert (one.line, one.text, one.problem) == (1, "two\nlines", None), "one utterance per text"
+
+
+def test_a_plain_lines_id_stays_as_the_corpus_grows_past_a_million_lines(tmp_path):
+    """Its id keys its seed and names its file: a cron job's corpus that
+    reaches line 1,000,000 must not make every earlier line again."""
+    small = [u.id for u in read_corpus(write_corpus(tmp_path, b"Hi.\nHo.\n"))]
+    big = read_corpus(write_corpus(tmp_path, b"x\n" * 1_000_000))
+    assert [u.id for u in big[:2]] == small == ["000001", "000002"]
+    assert (len(big), big[999_998].id, big[-1].id) == (1_000_000, "999999", "1000000")
+    assert [u.id for u in utterances_from_texts(["Hi."] * 1_000_000)[-2:]] == ["999999", "1000000"]

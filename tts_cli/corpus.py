@@ -38,6 +38,8 @@ STDIN = "-"
 # stay well under file-name length limits once an extension is added.
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _MAX_ID_LENGTH = 128
+# A plain line's id is its number with at least this many digits: a line
+# keeps its id (and its seed, and its file) however long the corpus grows.
 _MIN_ID_WIDTH = 6
 
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -93,8 +95,7 @@ def read_corpus(path: str | os.PathLike, fmt: str = "plain") -> list[Utterance]:
     if fmt not in FORMATS:
         raise ValueError(f"unknown corpus format {fmt!r}; use one of: {', '.join(FORMATS)}")
     lines = _split_physical_lines(_text_bytes(_read_bytes(path), path))
-    width = max(_MIN_ID_WIDTH, len(str(len(lines))))
-    parsed = [_parse_line(raw, number, width, fmt) for number, raw in enumerate(lines, start=1)]
+    parsed = [_parse_line(raw, number, fmt) for number, raw in enumerate(lines, start=1)]
     if fmt != "plain":
         # Plain ids are distinct line numbers: safe and unique by construction.
         _check_ids(parsed, path)
@@ -105,8 +106,7 @@ def utterances_from_texts(texts: list[str]) -> list[Utterance]:
     """What ``read_corpus`` gives for a plain corpus whose lines are
     ``texts`` (the same ids, so the same seeds), one utterance per text
     whatever line breaks it holds."""
-    width = max(_MIN_ID_WIDTH, len(str(len(texts))))
-    return [_given_text(n, f"{n:0{width}d}", text) for n, text in enumerate(texts, start=1)]
+    return [_given_text(n, _line_number(n), text) for n, text in enumerate(texts, start=1)]
 
 
 def _given_text(line: int, line_id: str, text: str) -> Utterance:
@@ -217,9 +217,14 @@ def _read_bytes(path: str | os.PathLike) -> bytes:
         raise CorpusError(f"{corpus_name(path)}: cannot read ({error.strerror or error}); check the file") from None
 
 
-def _placeholder_id(line: int, width: int) -> str:
+def _line_number(line: int) -> str:
+    """``000042``: a line's number as an id, at least _MIN_ID_WIDTH digits."""
+    return f"{line:0{_MIN_ID_WIDTH}d}"
+
+
+def _placeholder_id(line: int) -> str:
     """Id for a line whose own id cannot be read, so every manifest row has one."""
-    return f"line-{line:0{width}d}"
+    return f"line-{_line_number(line)}"
 
 
 def _decode(raw: bytes, column_offset: int) -> tuple[str, str | None]:
@@ -242,26 +247,26 @@ def _is_blank(raw: bytes) -> bool:
     return problem is None and not text.strip()
 
 
-def _parse_line(raw: bytes, line: int, width: int, fmt: str) -> tuple[Utterance, bool]:
+def _parse_line(raw: bytes, line: int, fmt: str) -> tuple[Utterance, bool]:
     """Parse one physical line; the flag says whether the id is a placeholder."""
     if fmt == "plain":
-        return _parse_plain_line(raw, line, width), False
-    return _parse_separated_line(raw, line, width, fmt)
+        return _parse_plain_line(raw, line), False
+    return _parse_separated_line(raw, line, fmt)
 
 
-def _parse_plain_line(raw: bytes, line: int, width: int) -> Utterance:
+def _parse_plain_line(raw: bytes, line: int) -> Utterance:
     """A plain line is all text; its id is the zero-padded line number."""
-    line_id = f"{line:0{width}d}"
+    line_id = _line_number(line)
     text, problem = _decode(raw, 0)
     if problem is None and not text.strip():
         problem = EMPTY_LINE
     return Utterance(line=line, id=line_id, text=text, problem=problem)
 
 
-def _parse_separated_line(raw: bytes, line: int, width: int, fmt: str) -> tuple[Utterance, bool]:
+def _parse_separated_line(raw: bytes, line: int, fmt: str) -> tuple[Utterance, bool]:
     """Parse ``id<sep>text[<sep>ignored...]``; unreadable ids get a placeholder."""
     separator, separator_name, layout = _SEPARATORS[fmt]
-    placeholder = _placeholder_id(line, width)
+    placeholder = _placeholder_id(line)
 
     if _is_blank(raw):
         return Utterance(line, placeholder, "", EMPTY_LINE), True
