@@ -25,7 +25,7 @@ import gzip
 import json
 import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +34,7 @@ import soundfile
 from tts_cli.audio import atomic_write
 from tts_cli.errors import OutputNotice, first_line
 from tts_cli.formats import EXPORTS
-from tts_cli.manifest import STATUSES, plural, read_manifest
+from tts_cli.manifest import STATUSES, manifest_rows_at, plural
 from tts_cli.tarshards import shard_of
 
 # Kaldi and Lhotse want a speaker per utterance: all lines share the voice.
@@ -87,7 +87,7 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
     out_dir = out_dir.resolve()
     exports, _ = recorded(out_dir)
     made_from = _stamp(out_dir)
-    rows, left_out = _chosen(read_manifest(out_dir / "manifest.jsonl"), wanted)
+    rows, left_out = _chosen((row for row, _ in manifest_rows_at(out_dir / "manifest.jsonl")), wanted)
     if not rows:
         raise NothingToExport(_nothing_to_export(out_dir / "manifest.jsonl", left_out))
     in_shards = [row["id"] for row in rows if shard_of(row["audio_filepath"] or "")]
@@ -177,7 +177,7 @@ def _stamp(out_dir: Path) -> list[int] | None:
 
 def _record(out_dir: Path, exports: dict[str, bool], made_from: list[int] | None) -> None:
     record = {"exports": {name: {"include_suspect": took} for name, took in exports.items()}, "made_from": made_from}
-    _write(out_dir / RECORD, json.dumps(record, indent=1).encode() + b"\n")
+    _write(out_dir / RECORD, [json.dumps(record, indent=1)])
 
 
 def _remove(out_dir: Path, name: str) -> list[Path]:
@@ -198,10 +198,15 @@ def _transcript(row: dict) -> str:
     return " ".join(row["normalized_text"].split())
 
 
-def _chosen(manifest: list[dict], wanted: tuple[str, ...]) -> tuple[list[dict], dict[str, int]]:
-    """The rows that go in, by id, and how many others there are by why
-    they stay out, in the order of STATUSES, then ARPABET. A brace in the
-    normalized text is a phone's: the symbol table has no other."""
+# The fields of a row the exports read.
+_READ = ("id", "line", "normalized_text", "audio_filepath", "duration", "num_samples")
+
+
+def _chosen(manifest: Iterable[dict], wanted: tuple[str, ...]) -> tuple[list[dict], dict[str, int]]:
+    """The rows that go in, by id, each with the fields the exports read
+    (a million whole rows would take gigabytes), and how many others there
+    are by why they stay out, in the order of STATUSES, then ARPABET. A
+    brace in the normalized text is a phone's: the symbol table has no other."""
     rows, left_out = [], collections.Counter()
     for row in manifest:
         if row["status"] not in wanted:
@@ -209,7 +214,7 @@ def _chosen(manifest: list[dict], wanted: tuple[str, ...]) -> tuple[list[dict], 
         elif "{" in row["normalized_text"]:
             left_out[ARPABET] += 1
         else:
-            rows.append(row)
+            rows.append({field: row[field] for field in _READ})
     by_why = {why: left_out[why] for why in (*STATUSES, ARPABET) if left_out[why]}
     return sorted(rows, key=lambda row: row["id"]), by_why
 
@@ -244,48 +249,54 @@ def _reasons(left_out: dict[str, int]) -> str:
 
 def _huggingface(out_dir: Path, rows: list[dict]) -> list[Path]:
     """audiofolder's metadata.jsonl beside wavs/: file_name relative to it."""
-    lines = [json.dumps({"file_name": row["audio_filepath"], "transcription": _transcript(row),
-                         "id": row["id"], "duration": row["duration"]}, ensure_ascii=False) for row in rows]
-    return [_write(out_dir / "metadata.jsonl", "".join(line + "\n" for line in lines).encode())]
+    return [_write(out_dir / "metadata.jsonl", (_json({"file_name": row["audio_filepath"],
+                                                      "transcription": _transcript(row), "id": row["id"],
+                                                      "duration": row["duration"]}) for row in rows))]
 
 
 def _lhotse(out_dir: Path, rows: list[dict]) -> list[Path]:
     """Lhotse's recordings and supervisions, one whole-file segment a line."""
-    recordings, supervisions = [], []
-    for row in rows:
-        rate = round(row["num_samples"] / row["duration"])
-        recordings.append({"id": row["id"], "sources": [{"type": "file", "channels": [0],
-                                                         "source": str(out_dir / row["audio_filepath"])}],
-                           "sampling_rate": rate, "num_samples": row["num_samples"],
-                           "duration": row["duration"], "channel_ids": [0]})
-        supervisions.append({"id": row["id"], "recording_id": row["id"], "start": 0.0,
-                             "duration": row["duration"], "channel": 0, "text": _transcript(row),
-                             "language": "English", "speaker": SPEAKER})
-    return [_write(out_dir / name, gzip.compress("".join(json.dumps(item, ensure_ascii=False) + "\n"
-                                                        for item in items).encode(), mtime=0))
-            for name, items in (("recordings.jsonl.gz", recordings), ("supervisions.jsonl.gz", supervisions))]
+    def recording(row: dict) -> dict:
+        return {"id": row["id"], "sources": [{"type": "file", "channels": [0],
+                                              "source": str(out_dir / row["audio_filepath"])}],
+                "sampling_rate": round(row["num_samples"] / row["duration"]), "num_samples": row["num_samples"],
+                "duration": row["duration"], "channel_ids": [0]}
+
+    def supervision(row: dict) -> dict:
+        return {"id": row["id"], "recording_id": row["id"], "start": 0.0, "duration": row["duration"],
+                "channel": 0, "text": _transcript(row), "language": "English", "speaker": SPEAKER}
+
+    return [_write(out_dir / name, (_json(item(row)) for row in rows), compressed=True)
+            for name, item in (("recordings.jsonl.gz", recording), ("supervisions.jsonl.gz", supervision))]
 
 
 def _kaldi(out_dir: Path, rows: list[dict], subtypes: dict[str, str]) -> list[Path]:
     """Kaldi's data directory (wav.scp, text, utt2spk, spk2utt) in kaldi/,
     sorted by utterance id as Kaldi requires; audio Kaldi cannot read
     (FLAC, other than 16-bit samples) is decoded through a pipe."""
-    folder = out_dir / "kaldi"
-    audio = [str(out_dir / row["audio_filepath"]) for row in rows]
-    scp = [f"{row['id']} {_rxfilename(path, subtypes[path])}" for row, path in zip(rows, audio)]
-    files = {"wav.scp": scp,
-             "text": [f"{row['id']} {_transcript(row)}" for row in rows],
-             "utt2spk": [f"{row['id']} {SPEAKER}" for row in rows],
+    def scp(row: dict) -> str:
+        path = str(out_dir / row["audio_filepath"])
+        return f"{row['id']} {_rxfilename(path, subtypes[path])}"
+
+    files = {"wav.scp": map(scp, rows),
+             "text": (f"{row['id']} {_transcript(row)}" for row in rows),
+             "utt2spk": (f"{row['id']} {SPEAKER}" for row in rows),
              "spk2utt": [f"{SPEAKER} {' '.join(row['id'] for row in rows)}"] if rows else []}
-    return [_write(folder / name, "".join(line + "\n" for line in lines).encode()) for name, lines in files.items()]
+    return [_write(out_dir / "kaldi" / name, lines) for name, lines in files.items()]
 
 
 def _nemo(out_dir: Path, rows: list[dict]) -> list[Path]:
     """NeMo's ASR manifest: one JSON object a line, the audio's path, its
     seconds and the transcript (NeMo reads ``text`` as the transcript)."""
-    lines = [json.dumps({"audio_filepath": str(out_dir / row["audio_filepath"]), "duration": row["duration"],
-                         "text": _transcript(row)}, ensure_ascii=False) for row in rows]
-    return [_write(out_dir / "nemo_manifest.jsonl", "".join(line + "\n" for line in lines).encode())]
+    def item(row: dict) -> str:
+        return _json({"audio_filepath": str(out_dir / row["audio_filepath"]), "duration": row["duration"],
+                      "text": _transcript(row)})
+
+    return [_write(out_dir / "nemo_manifest.jsonl", map(item, rows))]
+
+
+def _json(item: dict) -> str:
+    return json.dumps(item, ensure_ascii=False)
 
 
 def _rxfilename(path: str, subtype: str) -> str:
@@ -301,7 +312,12 @@ def _rxfilename(path: str, subtype: str) -> str:
     return f"{'cat' if wav else 'flac -c -d -s'} {shlex.quote(path)} |"
 
 
-def _write(path: Path, data: bytes) -> Path:
-    with atomic_write(path) as temp_path:
-        temp_path.write_bytes(data)
+def _write(path: Path, lines: Iterable[str], compressed: bool = False) -> Path:
+    """``lines`` into ``path``, each ended by a newline, as they come (a
+    million lines are never held as one file's text); gzip-compressed with
+    no name or time in its header where ``compressed``."""
+    with atomic_write(path) as temp_path, open(temp_path, "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if compressed else raw as f:
+            for line in lines:
+                f.write(line.encode() + b"\n")
     return path
