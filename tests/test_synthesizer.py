@@ -224,8 +224,9 @@ def test_a_drawn_seed_is_kept_so_the_same_audio_can_be_made_again(tiny):
 
 
 def test_what_the_command_says_even_under_quiet_load_says_as_a_warning(tiny_checkpoints):
-    with pytest.warns(UserWarning, match="precision fp16 is for CUDA; running on CPU in fp32"):
+    with pytest.warns(UserWarning, match="precision='fp16' is for CUDA; running on CPU in fp32") as said:
         s = Synthesizer.load(*tiny_checkpoints, device="cpu", precision="fp16")
+    assert said[0].filename == __file__, "the warning points at the caller's line"
     assert "cpu, fp32" in repr(s) and f"{s.sample_rate} Hz" in repr(s)
     import tts_cli
     assert "Synthesizer" in dir(tts_cli)
@@ -239,3 +240,21 @@ def test_a_text_with_a_lone_surrogate_is_an_error_row_and_the_rest_goes_on(tiny,
     assert second["status"] != "error" and summary.counts["error"] == 1
     with pytest.raises(ValueError, match="text 0 .*lone surrogate"):
         tiny.synthesize(["Hello \udcff there."])
+
+
+def test_a_python_caller_is_told_the_keyword_and_the_command_s_user_the_flag(tiny, tiny_checkpoints, tmp_path):
+    """What to do is said in the reader's own terms: ``force=True`` to a
+    Python caller, ``--force`` on the command line, for the same damaged
+    manifest."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.jsonl").write_text("{not json\n")
+    with pytest.raises(FatalError, match=r"pass force=True to start over") as e:
+        tiny.synthesize_to_dir(TEXTS, out, quiet=True)
+    assert "--" not in str(e.value)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Hi.\n")
+    result = CliRunner().invoke(main, [str(corpus), "-o", str(out), "--tacotron2", str(tiny_checkpoints[0]),
+                                       "--waveglow", str(tiny_checkpoints[1]), "--device", "cpu", "--quiet"])
+    assert result.exit_code != 0 and "pass --force to start over" in result.output
+    assert "force=True" not in result.output

@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from tts_cli.errors import CheckpointError
+from tts_cli.errors import CheckpointError, option
 from tts_cli.safe_load import Inert, read_checkpoint
 
 __all__ = [
@@ -146,8 +146,8 @@ def _describe(obj, weights: dict) -> str:
     return found
 
 
-_OTHER_FLAG = {"tacotron2": ("WaveGlow", "--waveglow"),
-               "waveglow": ("Tacotron2", "--tacotron2")}
+_OTHER = {"tacotron2": ("WaveGlow", "waveglow"),
+          "waveglow": ("Tacotron2", "tacotron2")}
 
 
 def _weights_for(name: str, obj, wanted: str) -> dict:
@@ -158,9 +158,8 @@ def _weights_for(name: str, obj, wanted: str) -> dict:
     if kind == wanted:
         return weights
     if kind is not None:
-        other, flag = _OTHER_FLAG[wanted]
-        raise CheckpointError(
-            f"{name}: looks like a {other} checkpoint; pass it as {flag}")
+        other, setting = _OTHER[wanted]
+        raise CheckpointError(f"{name}: looks like a {other} checkpoint; pass it as {option(setting)}")
     raise CheckpointError(
         f"{name}: holds neither Tacotron2 nor WaveGlow weights ({_describe(obj, weights)})")
 

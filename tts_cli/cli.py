@@ -21,6 +21,7 @@ import click
 
 from tts_cli.config import (AUDIO_FORMATS, BATCH_SIZES, CORPUS_FORMATS, DEFAULT_RECIPE, PRECISION_NAMES, default_help,
                             SAMPLE_FORMATS, SAMPLE_RATES, ConfigError, load_settings)
+from tts_cli.errors import speaking_to
 from tts_cli.formats import EXPORTS, LAYOUTS, NORMALIZATIONS
 from tts_cli.manifest import plural
 
@@ -46,6 +47,10 @@ class DefaultToSynth(click.Group):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = ["synth", *args]
         return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        with speaking_to("command"):   # its messages name the options as flags, even those made in Synthesizer
+            return super().invoke(ctx)
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from tts_cli.decode_rules import DecodeSettings
+from tts_cli.errors import option
 from tts_cli.formats import (AUDIO_FORMATS, CORPUS_FORMATS, FLAC_SAMPLE_FORMATS, LAYOUTS, NORMALIZATIONS, SAMPLE_FORMATS,
                              SHARD_SIZE)
 
@@ -232,17 +233,11 @@ def recipe_text(name_or_path: str) -> tuple[str, str]:
         raise ConfigError(f"recipe {path}: cannot be read ({e.strerror})") from None
 
 
-def as_flag(setting: str) -> str:
-    """A setting's command-line option: ``batch_size`` -> ``--batch-size``."""
-    return f"--{setting.replace('_', '-')}"
-
-
-def load_settings(recipe: str = DEFAULT_RECIPE, overrides: dict[str, Any] | None = None,
-                  spelled=as_flag) -> Settings:
+def load_settings(recipe: str = DEFAULT_RECIPE, overrides: dict[str, Any] | None = None) -> Settings:
     """The recipe's settings with ``overrides`` (None values ignored) on
-    top. A bad override's message starts with the option as ``spelled``
-    writes it (the command's, by default); ``spelled=None``: the message
-    alone, which names the setting (a Python caller's keyword)."""
+    top. A bad override's message starts with the option as its reader
+    gives it (``errors.option``: ``--batch-size``; a Python caller's
+    keyword is the setting the message names already)."""
     where, text = recipe_text(recipe)
     try:
         values = yaml.safe_load(text) or {}
@@ -260,7 +255,8 @@ def load_settings(recipe: str = DEFAULT_RECIPE, overrides: dict[str, Any] | None
         return Settings(**{**values, **given})
     except ConfigError as e:
         if e.setting in given:
-            raise ConfigError(f"{spelled(e.setting)}: {e}" if spelled else str(e), e.setting) from None
+            named = option(e.setting)
+            raise ConfigError(str(e) if named == e.setting else f"{named}: {e}", e.setting) from None
         raise ConfigError(f"{where}: {e}", e.setting) from None
 
 

@@ -28,6 +28,7 @@ import sys
 import zlib
 from dataclasses import dataclass
 
+from tts_cli.errors import option
 from tts_cli.formats import CORPUS_FORMATS as FORMATS
 
 # The corpus path that means standard input.
@@ -121,7 +122,7 @@ def _given_text(line: int, line_id: str, text: str) -> Utterance:
 
 
 def format_hint(path: str | os.PathLike, utterances: list[Utterance], fmt: str) -> str | None:
-    """One line suggesting --format ljspeech or tsv for a plain corpus whose
+    """One line suggesting the format ljspeech or tsv for a plain corpus whose
     lines mostly start with an id and that format's separator; else None.
     The caller shows it: the corpus may be right as it is."""
     if fmt != "plain":
@@ -131,7 +132,8 @@ def format_hint(path: str | os.PathLike, utterances: list[Utterance], fmt: str) 
         with_ids = sum(1 for text in texts if _starts_with_id(text, separator.decode()))
         if with_ids >= max(_HINT_MIN_LINES, _HINT_SHARE * len(texts)):
             return (f"{corpus_name(path)}: {with_ids} of its {len(texts)} lines with text look like '{layout}', but "
-                    f"--format plain speaks each whole line; pass --format {name} if those are ids")
+                    f"{option('format', 'plain')} speaks each whole line; pass {option('format', name)} if those "
+                    "are ids")
     return None
 
 

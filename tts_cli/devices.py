@@ -22,7 +22,7 @@ import re
 import threading
 from pathlib import Path
 
-from tts_cli.errors import FatalError, OutputNotice
+from tts_cli.errors import FatalError, OutputNotice, option
 
 # A line of torch/version.py naming the CUDA or ROCm version it was built for.
 _GPU_BUILD = re.compile(r"^(cuda|hip)\b[^=\n]*=\s*['\"]", re.M)
@@ -40,8 +40,8 @@ def expected_device(requested: str | None) -> str:
         _, _, index = requested.partition(":")
         seen = _visible_nvidia_gpus()
         if device_type(requested) == "cuda" and index and seen is not None and int(index) >= seen:
-            usable = {0: "; use --device cpu", 1: ": cuda:0"}.get(seen, f": cuda:0 to cuda:{seen - 1}")
-            raise FatalError(f"--device {requested}: this machine shows {seen} CUDA device"
+            usable = {0: f"; use {option('device', 'cpu')}", 1: ": cuda:0"}.get(seen, f": cuda:0 to cuda:{seen - 1}")
+            raise FatalError(f"{option('device', requested)}: this machine shows {seen} CUDA device"
                              f"{'s' if seen != 1 else ''} to this process{usable}")
         return requested
     return "cuda" if _gpu_build() and _gpu_visible() else "cpu"
@@ -77,7 +77,7 @@ def expected_precision(device: str, requested: str | None) -> tuple[str, str | N
     if device_type(device) == "cpu":
         if requested in (None, "fp32"):
             return "fp32", CPU_NOTICE if requested is None else None
-        return "fp32", OutputNotice(f"--precision {requested} is for CUDA; running on CPU in fp32")
+        return "fp32", OutputNotice(f"{option('precision', requested)} is for CUDA; running on CPU in fp32")
     return requested or "fp16", None
 
 

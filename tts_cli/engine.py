@@ -20,7 +20,7 @@ from tts_cli.config import DEVICE_NAME, REFERENCE_DENOISER_STRENGTH, WAVEGLOW_ME
 from tts_cli.decoder_graph import GraphedDecoder
 from tts_cli.decoding import Decoding, Job, Measured, measured
 from tts_cli.devices import available_ram, expected_precision, on_its_device
-from tts_cli.errors import OutputNotice
+from tts_cli.errors import OutputNotice, option
 from tts_cli.scheduler import Scheduling, SynthesisError
 from tts_cli.tacotron2 import DecodeSettings, Tacotron2
 from tts_cli.vocoding import DENOISER_FFT_ROWS, Result, Vocoding
@@ -38,12 +38,12 @@ def resolve_device(name: str | None) -> torch.device:
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not DEVICE_NAME.fullmatch(name):
-        raise ValueError(f"--device {name}: use cuda, cuda:N or cpu")
+        raise ValueError(f"{option('device', name)}: use cuda, cuda:N or cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: no CUDA device is available here; use --device cpu")
+        raise ValueError(f"{option('device', name)}: no CUDA device is available here; use {option('device', 'cpu')}")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
+        raise ValueError(f"{option('device', name)}: only {torch.cuda.device_count()} CUDA device(s) here")
     return device
 
 

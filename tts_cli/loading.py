@@ -16,7 +16,7 @@ from tts_cli.checkpoints import (CheckpointError, VoiceInfo, load_tacotron2_weig
                                  read_voice_info)
 from tts_cli.config import REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, Settings
 from tts_cli.engine import Engine, precision_name, resolve_device, resolve_precision
-from tts_cli.errors import FatalError, first_line
+from tts_cli.errors import FatalError, first_line, option
 from tts_cli.tacotron2 import Tacotron2
 from tts_cli.text import SYMBOLS
 from tts_cli.voice import Voice, choose_voice, resolve_voice
@@ -48,7 +48,7 @@ def _confirmed_device(expected: str, requested: str | None) -> torch.device:
         if requested is None:   # a GPU showed itself (devices.py), but torch cannot use it
             raise FatalError(f"this machine shows a GPU, but torch {torch.__version__} cannot use it "
                              f"(torch.cuda.is_available() is False; often a driver older than the "
-                             f"CUDA torch was built for); fix that, or pass --device cpu") from None
+                             f"CUDA torch was built for); fix that, or pass {option('device', 'cpu')}") from None
         raise FatalError(str(e)) from None
 
 

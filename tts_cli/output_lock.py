@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tts_cli.errors import FatalError, cannot_write
+from tts_cli.errors import FatalError, cannot_write, option
 from tts_cli.formats import SHARDS
 
 if TYPE_CHECKING:   # torch.distributed; imported only under torchrun
@@ -112,7 +112,7 @@ def _locked(out_dir: Path):
         holder = handle.read().strip() or "another process"
         handle.close()
         raise Busy(f"{out_dir} is being written by another tts-batch run ({holder}); "
-                   f"wait for it to finish, or use another -o") from None
+                   f"wait for it to finish, or use another {option('out_dir')}") from None
     except OSError:   # a filesystem without locks (some network mounts): run unlocked
         pass
     return handle

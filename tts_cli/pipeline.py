@@ -26,7 +26,7 @@ from tts_cli.coordination import Alone, Share, Together, coordinator
 from tts_cli.corpus import Utterance
 from tts_cli.formats import SHARD_SIZE, Layout, is_shard_folder
 from tts_cli.devices import device_type, open_cuda_early
-from tts_cli.errors import FatalError, OutputError, OutputNotice, cannot_write
+from tts_cli.errors import FatalError, OutputError, OutputNotice, again, cannot_write, option
 from tts_cli.export import refresh_saying
 from tts_cli.planning import PendingLine, WindowReader, batch_plan, collector_paused, plan_lines
 from tts_cli.journal import ManifestJournal
@@ -133,7 +133,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     if not utterances and len(previous):   # an empty stdin from a fetch that failed, most likely
         previous.close()
         raise FatalError(f"the corpus has no lines, and {manifest_path} holds {plural(len(previous), 'row')} that a "
-                         f"run over it would drop; give the corpus, or pass --force to empty the manifest")
+                         f"run over it would drop; give the corpus, or pass {option('force', True)} to empty the "
+                         "manifest")
     seed, seed_source = resume.run_seed(settings, previous)
     seed = together.agree_on_seed(seed)
     if engine is not None and voice is None:   # the bench's: no files behind it
@@ -150,7 +151,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
     with contextlib.closing(previous):
         plan = plan_lines(utterances, settings, seed, identity, previous, out_dir, keep=manifest.keep)
     to_do = len(plan.pending) + sum(len(window) for window in plan.unread)
-    unused = (["--shard-size: no effect with --layout webdataset, whose tar shards hold about 1 GB each"]
+    unused = ([f"{option('shard_size')}: no effect with {option('layout', 'webdataset')}, whose tar shards hold about "
+               "1 GB each"]
               if settings.layout == "webdataset" and settings.shard_size != SHARD_SIZE else [])
     notices: list[str] = [*voice.notices, *unused, _plan_line(utterances, to_do, plan.reused, voice)]
     for notice in notices:
@@ -262,10 +264,11 @@ def _report_orphans(out_dir: Path, named: Container[str], prune: bool, on_notice
             with contextlib.suppress(OSError):   # a shard folder left empty goes; one with other files stays
                 folder.rmdir()
         on_notice(f"removed {plural(len(left), 'file')} in {out_dir} (wavs/, mels/, shards/) that no manifest row "
-                  "named (--prune)")
+                  f"named ({option('prune', True)})")
     else:
         on_notice(OutputNotice(f"{plural(len(left), 'file')} in {out_dir} (wavs/, mels/, shards/) that no manifest row "
-                               f"names (left by an earlier corpus, e.g. {left[0].name}); --prune removes them"))
+                               f"names (left by an earlier corpus, e.g. {left[0].name}); {option('prune', True)} "
+                               "removes them"))
 
 
 def _report_superseded(out_dir: Path, named: Container[str], written: list[str], prune: bool, on_notice) -> None:
@@ -282,15 +285,15 @@ def _report_superseded(out_dir: Path, named: Container[str], written: list[str],
         on_notice(OutputNotice(f"{plural(count, 'line')} in {plural(len(stale), 'earlier shard')} in {out_dir / SHARDS} "
                                f"no manifest row places there (made again into a later shard, or gone from the "
                                f"corpus), e.g. in {next(iter(stale)).name}; a reader of the whole folder would take "
-                               f"them too: --prune rewrites those shards without them"))
+                               f"them too: {option('prune', True)} rewrites those shards without them"))
         return
     try:
         for shard, members in stale.items():
             rewrite_without(shard, members)
     except OSError as e:
-        raise OutputError(cannot_write(out_dir, e, then="run the same command again with --prune")) from None
+        raise OutputError(cannot_write(out_dir, e, then=f"{again()} with {option('prune', True)}")) from None
     on_notice(f"rewrote {plural(len(stale), 'shard')} in {out_dir / SHARDS} without the {plural(count, 'line')} no "
-              f"manifest row placed there (--prune)")
+              f"manifest row placed there ({option('prune', True)})")
 
 
 def _plan_line(utterances: list[Utterance], to_do: int, reused: int, voice: Voice) -> str:

@@ -28,7 +28,7 @@ from tts_cli.alignment import thresholds_record
 from tts_cli.config import ALIGNMENT_SETTINGS, NOT_IN_THE_RESUME_KEY, Settings
 from tts_cli.devices import device_type
 from tts_cli.corpus import Utterance
-from tts_cli.errors import FatalError
+from tts_cli.errors import FatalError, option
 from tts_cli.formats import names_a_place_for
 from tts_cli.manifest import PARTIAL_MANIFESTS, ROW_FIELD_SET, WITH_AUDIO, ManifestRow, row_at, row_fields, row_ids_at
 from tts_cli.tarshards import key_of, member_size
@@ -136,7 +136,7 @@ def _damaged(e: Exception) -> FatalError:
     if isinstance(e, IsADirectoryError):   # no run wrote it: --force could not write one there either
         return FatalError(f"{e.filename}: a folder where the manifest goes; move it away, or choose another "
                           "output directory")
-    return FatalError(f"{e}; pass --force to start over, or choose another output directory")
+    return FatalError(f"{e}; pass {option('force', True)} to start over, or choose another output directory")
 
 
 def previous_rows(out_dir: Path) -> EarlierRows:
@@ -160,7 +160,7 @@ def partial_manifests(out_dir: Path) -> list[Path]:
 
 
 def run_seed(settings: Settings, previous: dict[str, dict]) -> tuple[int, str]:
-    """--seed; else the seed the existing manifest recorded, so that a plain
+    """The seed set; else the seed the existing manifest recorded, so that a plain
     re-run continues the same job; else a fresh random one."""
     if settings.seed is not None:
         return settings.seed, "given"

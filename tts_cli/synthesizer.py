@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import warnings
 from collections.abc import Iterable
@@ -26,9 +27,19 @@ import numpy as np
 from tts_cli.config import (BATCH_SIZES, DEFAULT_RECIPE, MODEL_SETTINGS, SHORTEST_FIRST, Settings, check_names,
                             load_settings)
 from tts_cli.corpus import Utterance, read_corpus, utterances_from_texts
-from tts_cli.errors import FatalError, OutputNotice
+from tts_cli.errors import FatalError, OutputNotice, option, speaking_to
 from tts_cli.resume import run_seed as run_seed_of
 from tts_cli.voice import Voice, resolve_voice
+
+
+def _to_python(method):
+    """``method``'s messages speak to a Python caller (``force=True``, not
+    ``--force``), unless the command called it."""
+    @functools.wraps(method)
+    def speaking_python(*args, **kwargs):
+        with speaking_to("python"):
+            return method(*args, **kwargs)
+    return speaking_python
 
 
 class Synthesizer:
@@ -51,6 +62,7 @@ class Synthesizer:
                 f"{self.sample_rate} Hz)")
 
     @classmethod
+    @_to_python
     def load(cls, tacotron2: str | os.PathLike | None = None, waveglow: str | os.PathLike | None = None,
              device: str | None = None, precision: str | None = None, recipe: str = DEFAULT_RECIPE,
              **options) -> "Synthesizer":
@@ -63,12 +75,12 @@ class Synthesizer:
         file ``errors.FatalError``, each one line naming what is wrong."""
         paths = {"tacotron2": tacotron2, "waveglow": waveglow}
         settings = load_settings(recipe, {**{k: os.fspath(v) if v is not None else None for k, v in paths.items()},
-                                          "device": device, "precision": precision, **options}, spelled=None)
+                                          "device": device, "precision": precision, **options})
         check_files(settings)
         synthesizer = cls(settings)
         for notice in (*synthesizer.resolved_voice.notices, *synthesizer.engine.notices):   # loads
             if isinstance(notice, OutputNotice):   # what the command says even under --quiet
-                warnings.warn(notice, stacklevel=2)
+                warnings.warn(notice, stacklevel=3)   # the caller, past _to_python
         return synthesizer
 
     @classmethod
@@ -110,6 +122,7 @@ class Synthesizer:
         self.engine
         return self._voiced.sample_rate
 
+    @_to_python
     def synthesize(self, texts: Iterable[str], seed: int | None = None) -> list[np.ndarray]:
         """One float32 array per text (mono, ``sample_rate``), in the order
         given; ``seed`` None: the one given to ``load``, else a new draw
@@ -151,10 +164,11 @@ class Synthesizer:
                 raise SynthesisError(f"text {n}: {failure_reason(failed[0])}") from failed[0]
             status, reason = verdict(p.results, s.max_decoder_steps, p.caution)
             if reason is not None:
-                warnings.warn(f"text {n} is {status}: {reason}", stacklevel=2)
+                warnings.warn(f"text {n} is {status}: {reason}", stacklevel=3)   # the caller, past _to_python
             audio.append(joined_audio([r.audio for r in p.results], s, self._voice.sample_rate))
         return audio
 
+    @_to_python
     def synthesize_to_dir(self, corpus_or_texts: str | os.PathLike | Iterable[str], out_dir: str | os.PathLike,
                           on_notice=None, *, signals=None, group=None, **options):
         """The command's job: every line of a corpus file (or every text
@@ -208,7 +222,7 @@ def _texts(texts: Iterable[str]) -> list[str]:
 def check_output(out_dir: str | os.PathLike) -> None:
     """One line for an output directory that is a file, before anything runs."""
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise FatalError(f"-o {out_dir}: is a file; give a directory for the WAVs and the manifest")
+        raise FatalError(f"{option('out_dir')} {out_dir}: is a file; give a directory for the WAVs and the manifest")
 
 
 def check_files(settings: Settings) -> None:

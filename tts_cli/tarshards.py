@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 
 from tts_cli.audio import WriteError, atomic_write
+from tts_cli.errors import option
 from tts_cli.formats import SHARDS
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def clashing_keys(utterances: Iterable[Utterance]) -> str | None:
         if earlier is not u:
             return (f"corpus lines {earlier.line} and {u.line}: ids {earlier.id!r} and {u.id!r} are one key in a "
                     f"tar shard ({key_of(u.id)!r}; WebDataset ends a key at its first '.'); rename one, or use "
-                    f"--layout files")
+                    f"{option('layout', 'files')}")
     return None
 
 
