@@ -245,6 +245,8 @@ def test_a_run_stopped_early_leaves_a_changed_line_out_of_the_exports(tmp_path, 
                             on_notice=notices.append)
     assert [r["status"] for r in manifest(out)] == ["ok", "pending"]
     assert "exports refreshed: hf, kaldi (1 line)" in notices
+    [warning] = [notice for notice in notices if "pending" in notice]
+    assert "exports hold no line of the 1 line still pending" in warning and "same tts-batch command" in warning
     assert transcripts(out, ("hf", "kaldi")) == {name: [("000001", "printing, in the only sense.")]
                                                  for name in ("hf", "kaldi")}
 
@@ -299,7 +301,7 @@ def test_a_refresh_cut_short_is_finished_by_the_next_run_with_nothing_to_do(tmp_
     assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.").exit_code == 0
     exported(out, "--to", "hf")
     with monkeypatch.context() as patched:
-        patched.setattr("tts_cli.pipeline.refresh_saying", lambda *args: None)   # killed there
+        patched.setattr("tts_cli.pipeline.refresh_saying", lambda *args, **kwargs: None)   # killed there
         assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.").exit_code == 0
     assert len(transcripts(out, ("hf",))["hf"]) == 1
     again = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.")
@@ -399,3 +401,53 @@ def test_a_transcript_is_single_spaced_where_the_front_end_left_out_a_character(
     assert manifest(out)[0]["normalized_text"] == " smile"
     exported(out, "--include-suspect")
     assert set(map(tuple, transcripts(out).values())) == {(("000001", "smile"),)}
+
+
+def test_an_export_whose_refresh_failed_is_made_by_a_later_run_though_another_was_refreshed(
+        tmp_path, tiny_checkpoints):
+    """Two exports refreshed apart (one takes the suspect lines): the one
+    that could not be written again stays known as made from the older
+    manifest, so the next run, with nothing to do, tries it again."""
+    out = tmp_path / "out"
+    assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.").exit_code == 0
+    exported(out, "--to", "hf")
+    exported(out, "--to", "kaldi", "--include-suspect")
+    wav = out / "wavs" / "000001.wav"
+    good = wav.read_bytes()
+    wav.write_bytes(b"X" * 12 + good[12:])   # a header Kaldi's check cannot read; the run reuses it (same size)
+    result = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.")
+    assert result.exit_code == 0 and "exports refreshed: hf (2 lines)" in result.output
+    [warning] = [line for line in result.output.splitlines() if "exports not refreshed" in line]
+    assert warning.startswith("exports not refreshed (kaldi), and they may") and "cannot read its header" in warning
+    assert len(transcripts(out, ("kaldi",))["kaldi"]) == 1   # as it was
+    wav.write_bytes(good)
+    again = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.")
+    assert "nothing to do" in again.output and "exports refreshed: kaldi (2 lines)" in again.output
+    assert transcripts(out, ("hf", "kaldi")) == {name: [("000001", "printing, in the only sense."),
+                                                        ("000002", "hi.")] for name in ("hf", "kaldi")}
+
+
+def test_a_refresh_stopped_by_a_signal_is_said_and_left_to_the_next_run(tmp_path, tiny_checkpoints):
+    """A second Ctrl-C while a refresh writes (of a million lines: minutes)
+    stops it at once; the exports it did not write are the next run's."""
+    import threading
+
+    from tts_cli.export import refresh_saying
+
+    out = tmp_path / "out"
+    assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.").exit_code == 0
+    exported(out, "--to", "hf,nemo")
+    earlier = {name: (out / name).read_bytes() for name in ("metadata.jsonl", "nemo_manifest.jsonl", "exports.json")}
+    assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.").exit_code == 0
+    (out / "exports.json").write_bytes(earlier["exports.json"])   # as if the run had not refreshed them
+    for name in ("metadata.jsonl", "nemo_manifest.jsonl"):
+        (out / name).write_bytes(earlier[name])
+    stop, notices = threading.Event(), []
+    stop.set()
+    refresh_saying(out, notices.append, stop)
+    [notice] = notices
+    assert "exports not all refreshed (stopped by a signal)" in notice and "the next run into" in notice
+    assert {name: (out / name).read_bytes() for name in earlier} == earlier
+    again = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.")
+    assert "exports refreshed: hf, nemo (2 lines)" in again.output
+    assert [len(lines) for lines in transcripts(out, ("hf", "nemo")).values()] == [2, 2]

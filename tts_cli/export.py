@@ -10,10 +10,11 @@ audiofolder's file names are relative to its metadata.jsonl, as it
 requires; Lhotse, Kaldi and NeMo resolve paths against the working
 directory, so theirs are absolute.
 
-RECORD, in the output folder, lists the exports written there, whether
-each took the suspect lines, and the manifest they were made from: a
-synthesis run into that folder writes them again where its manifest is
-another (``refresh``), so that none keeps a line's old text or duration.
+RECORD, in the output folder, lists the exports written there, each with
+whether it took the suspect lines and the manifest it was made from: a
+synthesis run into that folder writes again those made from another
+manifest (``refresh``), so that none keeps a line's old text or duration,
+and one that a kill or a second signal cut short is made by the next run.
 audiofolder reads only metadata.* files, and Lhotse, Kaldi and NeMo only
 the files they are given, so none takes it for data.
 """
@@ -25,9 +26,11 @@ import gzip
 import json
 import os
 import shlex
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple, TypeVar
 
 import soundfile
 
@@ -45,8 +48,8 @@ ARPABET = "with ARPAbet"
 FINISH = "finish the run first: the same tts-batch command again"
 # What to do about an audio file a row names that is not there.
 REMAKE = "run the same tts-batch command again: it makes missing files again"
-# {"exports": {export name: {"include_suspect": bool}}, "made_from": the
-# manifest's _stamp}: the exports in the folder, and what they were made from.
+# {"exports": {export name: {"include_suspect": bool, "made_from": the
+# manifest's _stamp}}}: the exports in the folder, and what each was made from.
 RECORD = "exports.json"
 # Each export's files, as its writer below writes them.
 FILES = {"hf": ["metadata.jsonl"], "lhotse": ["recordings.jsonl.gz", "supervisions.jsonl.gz"],
@@ -61,6 +64,7 @@ class Exported:
     lines: int                     # the lines each holds
     left_out: dict[str, int]       # the manifest's other lines, by why: their status, or ARPABET
     emptied: str | None = None     # why a refresh removed them: no line to export
+    failed: str | None = None      # why a refresh could not write them again (they are as they were)
 
     @property
     def summary(self) -> str:
@@ -73,11 +77,26 @@ class NothingToExport(ValueError):
     """A manifest with no line to export; nothing was written."""
 
 
-def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> Exported:
+class Stopped(Exception):
+    """The export was asked to stop: what it wrote last is not recorded."""
+
+
+class Made(NamedTuple):
+    """An export as RECORD lists it."""
+    include_suspect: bool
+    made_from: list[int] | None   # the manifest's _stamp when it was written
+
+
+T = TypeVar("T")
+
+
+def export(out_dir: Path, formats: list[str], include_suspect: bool = False,
+           stop: threading.Event | None = None) -> Exported:
     """Write each of ``formats`` (EXPORTS) into ``out_dir``. A manifest
     with no line to export (NothingToExport), or a line's audio file
     missing (for Kaldi, unreadable), raises ValueError, and nothing is
-    written."""
+    written. Once ``stop`` is set it raises Stopped, and RECORD keeps what
+    it had of those not written yet."""
     if not formats:
         raise ValueError(f"no export named; use any of: {', '.join(EXPORTS)}")
     unknown = sorted(set(formats) - set(EXPORTS))
@@ -85,7 +104,7 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
         raise ValueError(f"unknown export {', '.join(unknown)}; use any of: {', '.join(EXPORTS)}")
     wanted = ("ok", "suspect") if include_suspect else ("ok",)
     out_dir = out_dir.resolve()
-    exports, _ = recorded(out_dir)
+    recorded(out_dir)   # a damaged record is said before anything is written
     made_from = _stamp(out_dir)
     rows, left_out = _chosen((row for row, _ in manifest_rows_at(out_dir / "manifest.jsonl")), wanted)
     if not rows:
@@ -94,75 +113,87 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False) -> 
     if in_shards:
         raise ValueError(f"{out_dir}: {len(in_shards)} lines (e.g. {in_shards[0]}) are in tar shards "
                          "(--layout webdataset), which WebDataset reads as they are; these exports name files")
-    subtypes = _checked_audio(out_dir, rows, headers="kaldi" in formats)
-    writers: dict[str, Callable[[Path, list[dict]], list[Path]]] = {
+    subtypes = _checked_audio(out_dir, _until(stop, rows), headers="kaldi" in formats)
+    writers: dict[str, Callable[[Path, Iterable[dict]], list[Path]]] = {
         "hf": _huggingface, "lhotse": _lhotse, "kaldi": functools.partial(_kaldi, subtypes=subtypes), "nemo": _nemo}
-    files = {name: writers[name](out_dir, rows) for name in formats}
-    _record(out_dir, {**exports, **dict.fromkeys(formats, include_suspect)}, made_from)
+    files = {}
+    for name in formats:   # each recorded once written, so that one cut short is known as such
+        files[name] = writers[name](out_dir, _Passes(rows, stop))
+        _record(out_dir, {name: Made(include_suspect, made_from)})
     return Exported(files, len(rows), left_out)
 
 
-def recorded(out_dir: Path) -> tuple[dict[str, bool], list[int] | None]:
-    """The exports RECORD lists in ``out_dir``, each with whether it took
-    the suspect lines, and the manifest they were made from (``_stamp``);
-    none without it."""
+def recorded(out_dir: Path) -> dict[str, Made]:
+    """The exports RECORD lists in ``out_dir``; none without it."""
     path = out_dir / RECORD
     try:
         record = json.loads(path.read_bytes())
-        exports = {name: how["include_suspect"] for name, how in record["exports"].items()}
-        made_from = record["made_from"]
+        exports = {name: Made(how["include_suspect"], how["made_from"]) for name, how in record["exports"].items()}
     except FileNotFoundError:
-        return {}, None
+        return {}
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"{path}: not a record of exports ({first_line(e)}); remove it and export again") from None
-    if set(exports) - set(EXPORTS) or not all(isinstance(took, bool) for took in exports.values()):
+    if set(exports) - set(EXPORTS) or not all(isinstance(made.include_suspect, bool) for made in exports.values()):
         raise ValueError(f"{path}: not a record of exports (names of {', '.join(EXPORTS)}, each with "
                          "include_suspect true or false); remove it and export again")
-    return exports, made_from
+    return exports
 
 
-def refresh(out_dir: Path) -> list[Exported]:
-    """The exports RECORD lists in ``out_dir``, made again from its manifest
-    where it is not the one they were made from (a run changed it; or the
-    last refresh was cut short), each with or without the suspect lines as
-    before: one ``Exported`` for those with, one for those without. Where
-    no line is left to export, their files are removed (none may name a
-    line's old audio or text) and they stay listed, to come back with the
-    lines."""
+def refresh(out_dir: Path, stop: threading.Event | None = None) -> list[Exported]:
+    """The exports RECORD lists in ``out_dir`` that were made from another
+    manifest than its own (a run changed it; or a refresh was cut short),
+    made again, each with or without the suspect lines as before: one
+    ``Exported`` for those with, one for those without. Where no line is
+    left to export, their files are removed (none may name a line's old
+    audio or text) and they stay listed, to come back with the lines; those
+    that cannot be written again are said so (``failed``), and are the next
+    run's, as are those not made yet once ``stop`` is set (Stopped)."""
     out_dir = out_dir.resolve()
-    exports, made_from = recorded(out_dir)
     manifest = _stamp(out_dir)
-    if not exports or made_from == manifest:
-        return []
     by_choice: dict[bool, list[str]] = {}
-    for name, include_suspect in exports.items():
-        by_choice.setdefault(include_suspect, []).append(name)
+    for name, made in recorded(out_dir).items():
+        if made.made_from != manifest:
+            by_choice.setdefault(made.include_suspect, []).append(name)
     done = []
     for include_suspect, names in by_choice.items():
         try:
-            done.append(export(out_dir, names, include_suspect))
+            done.append(export(out_dir, names, include_suspect, stop))
         except NothingToExport as e:
             done.append(Exported({name: _remove(out_dir, name) for name in names}, 0, {}, emptied=first_line(e)))
-    _record(out_dir, exports, manifest)
+            _record(out_dir, dict.fromkeys(names, Made(include_suspect, manifest)))
+        except (ValueError, OSError) as e:
+            done.append(Exported(dict.fromkeys(names, []), 0, {}, failed=first_line(e)))
     return done
 
 
-def refresh_saying(out_dir: Path, on_notice: Callable[[str], None]) -> None:
+def refresh_saying(out_dir: Path, on_notice: Callable[[str], None], stop: threading.Event | None = None) -> None:
     """``refresh``, said in one notice; exports emptied, or one that cannot
-    be written again, in one notice --quiet keeps; the run's outcome stands."""
+    be written again or was stopped, in one notice --quiet keeps; the run's
+    outcome stands."""
     try:
-        refreshed = refresh(out_dir)
+        refreshed = refresh(out_dir, stop)
     except (ValueError, OSError) as e:
         on_notice(OutputNotice(f"exports not refreshed, and they may hold lines as an earlier run made them: "
                                f"{first_line(e)}"))
         return
+    except Stopped:
+        on_notice(OutputNotice("exports not all refreshed (stopped by a signal), and they may hold lines as an "
+                               f"earlier run made them; the next run into {out_dir} writes them again"))
+        return
+    for done in (d for d in refreshed if d.failed):
+        on_notice(OutputNotice(f"exports not refreshed ({', '.join(done.files)}), and they may hold lines as an "
+                               f"earlier run made them: {done.failed}"))
     for done in (d for d in refreshed if d.emptied):
         on_notice(OutputNotice(f"exports removed: {', '.join(map(str, _files(done)))} ({done.emptied}); "
                                "the next run with lines to export makes them again"))
-    written = [d for d in refreshed if not d.emptied]
+    written = [d for d in refreshed if not d.emptied and not d.failed]
     if written:
         on_notice("exports refreshed: " + ", ".join(f"{', '.join(done.files)} ({plural(done.lines, 'line')})"
                                                     for done in written))
+    pending = max((d.left_out.get("pending", 0) for d in written), default=0)
+    if pending:   # a run stopped early: its lines still to make are not in them, as the manifest says
+        on_notice(OutputNotice(f"exports hold no line of the {plural(pending, 'line')} still pending; "
+                               f"{FINISH}, which writes them again"))
 
 
 def _stamp(out_dir: Path) -> list[int] | None:
@@ -175,9 +206,37 @@ def _stamp(out_dir: Path) -> list[int] | None:
     return [found.st_size, found.st_mtime_ns, found.st_ino]
 
 
-def _record(out_dir: Path, exports: dict[str, bool], made_from: list[int] | None) -> None:
-    record = {"exports": {name: {"include_suspect": took} for name, took in exports.items()}, "made_from": made_from}
+def _record(out_dir: Path, written: dict[str, Made]) -> None:
+    """RECORD with ``written`` in place of what it said of those exports."""
+    exports = {**recorded(out_dir), **written}
+    record = {"exports": {name: made._asdict() for name, made in exports.items()}}
     _write(out_dir / RECORD, [json.dumps(record, indent=1)])
+
+
+# How many rows an export goes through between two looks at its ``stop``.
+_ROWS_PER_LOOK = 1024
+
+
+def _until(stop: threading.Event | None, items: Iterable[T]) -> Iterator[T]:
+    """``items``, raising Stopped once ``stop`` is set."""
+    for n, item in enumerate(items):
+        if stop is not None and n % _ROWS_PER_LOOK == 0 and stop.is_set():
+            raise Stopped
+        yield item
+
+
+class _Passes:
+    """The rows an export writes, each pass over them stopping (Stopped)
+    once ``stop`` is set."""
+
+    def __init__(self, rows: list[dict], stop: threading.Event | None):
+        self.rows, self.stop = rows, stop
+
+    def __iter__(self) -> Iterator[dict]:
+        return _until(self.stop, self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
 
 def _remove(out_dir: Path, name: str) -> list[Path]:
@@ -219,7 +278,7 @@ def _chosen(manifest: Iterable[dict], wanted: tuple[str, ...]) -> tuple[list[dic
     return sorted(rows, key=lambda row: row["id"]), by_why
 
 
-def _checked_audio(out_dir: Path, rows: list[dict], headers: bool) -> dict[str, str]:
+def _checked_audio(out_dir: Path, rows: Iterable[dict], headers: bool) -> dict[str, str]:
     """Each row's audio file, by its path, with its samples' subtype where
     ``headers`` (wav.scp needs it), else ""; a file that is not there, or
     whose header cannot be read, raises ValueError naming it."""
@@ -247,14 +306,14 @@ def _reasons(left_out: dict[str, int]) -> str:
                      for why, n in left_out.items())
 
 
-def _huggingface(out_dir: Path, rows: list[dict]) -> list[Path]:
+def _huggingface(out_dir: Path, rows: Iterable[dict]) -> list[Path]:
     """audiofolder's metadata.jsonl beside wavs/: file_name relative to it."""
     return [_write(out_dir / "metadata.jsonl", (_json({"file_name": row["audio_filepath"],
                                                       "transcription": _transcript(row), "id": row["id"],
                                                       "duration": row["duration"]}) for row in rows))]
 
 
-def _lhotse(out_dir: Path, rows: list[dict]) -> list[Path]:
+def _lhotse(out_dir: Path, rows: Iterable[dict]) -> list[Path]:
     """Lhotse's recordings and supervisions, one whole-file segment a line."""
     def recording(row: dict) -> dict:
         return {"id": row["id"], "sources": [{"type": "file", "channels": [0],
@@ -270,7 +329,7 @@ def _lhotse(out_dir: Path, rows: list[dict]) -> list[Path]:
             for name, item in (("recordings.jsonl.gz", recording), ("supervisions.jsonl.gz", supervision))]
 
 
-def _kaldi(out_dir: Path, rows: list[dict], subtypes: dict[str, str]) -> list[Path]:
+def _kaldi(out_dir: Path, rows: Iterable[dict], subtypes: dict[str, str]) -> list[Path]:
     """Kaldi's data directory (wav.scp, text, utt2spk, spk2utt) in kaldi/,
     sorted by utterance id as Kaldi requires; audio Kaldi cannot read
     (FLAC, other than 16-bit samples) is decoded through a pipe."""
@@ -285,7 +344,7 @@ def _kaldi(out_dir: Path, rows: list[dict], subtypes: dict[str, str]) -> list[Pa
     return [_write(out_dir / "kaldi" / name, lines) for name, lines in files.items()]
 
 
-def _nemo(out_dir: Path, rows: list[dict]) -> list[Path]:
+def _nemo(out_dir: Path, rows: Iterable[dict]) -> list[Path]:
     """NeMo's ASR manifest: one JSON object a line, the audio's path, its
     seconds and the transcript (NeMo reads ``text`` as the transcript)."""
     def item(row: dict) -> str:

@@ -111,7 +111,8 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
     own for its duration (signals.py says what each signal does).
 
     A run that saves the manifest, done or stopped, writes again from it the
-    exports ``tts-batch export`` wrote in ``out_dir`` (export.refresh_saying)."""
+    exports ``tts-batch export`` wrote in ``out_dir`` (export.refresh_saying);
+    a later signal stops that, and the next run finishes it."""
     with contextlib.nullcontext(signals) if signals else StopOnSignals() as signals:
         with output_lock.held(out_dir, group):
             return _synthesize(settings, utterances, out_dir, on_notice, engine,
@@ -213,8 +214,8 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
                              made=to_do - reader.without_audio, retried=manifest.retried.count(1),
                              failed=manifest.lines_of(manifest.failed), unsaid=manifest.lines_of(manifest.unsaid))
         progress = checkpoint.progress()
-        if together.wrote_manifest(done):   # the exports, where not made from this manifest
-            refresh_saying(out_dir, on_notice)
+        if together.wrote_manifest(done):   # the exports, where not made from this manifest; a later signal stops it
+            refresh_saying(out_dir, on_notice, stop=signals.abort)
     if signals.received is not None and not done:   # a signal after the last line stopped nothing
         raise Interrupted(signals.received, summary, checkpoint.path, *progress)
     return summary

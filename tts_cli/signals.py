@@ -10,7 +10,8 @@ running while the interpreter exits, which aborted the process (exit status
 * the first signal sets ``stop``: no new batch enters the decoder; the
   batches already decoded are vocoded and written, and the manifest saved;
 * a later one sets ``abort``: the work in flight is dropped at its next
-  slice, the lines already written keep their rows, the manifest is saved.
+  slice, the lines already written keep their rows, the manifest is saved;
+  exports being written again from it are left for the next run.
 
 Either way the run ends with ``128 + the first signal's number``: 130 after
 SIGINT, 143 after SIGTERM. No torch here: the command installs these before
