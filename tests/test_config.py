@@ -27,6 +27,8 @@ def test_command_line_values_override_the_recipe_and_none_means_unset(tmp_path):
     (b"format: csv\n", "format must be one of"),
     (b"sample_rate: 16\n", "sample_rate must be between 8000 and 192000 Hz"),
     (b"sample_rate: 700000\n", "sample_rate must be between 8000 and 192000 Hz"),
+    (b"audio_format: flac\nsample_rate: 96001\n", "with flac, a sample_rate above 65535 Hz must be a whole "
+                                                    "number of tens of Hz .*: 96000, say, not 96001"),
     (b"- just a list\n", "mapping"),
     (b"sigma: [\n", "not valid YAML"),
     (b"sigma: 0.5\nbatch_size: [8\n", r"line 3, column 1: not valid YAML \(expected ',' or ']'"),

@@ -290,6 +290,21 @@ def test_the_wavs_and_the_manifest_take_the_voices_sample_rate_unless_the_run_se
     assert with_voice(Settings(), own).sample_rate == 16000
 
 
+def test_a_voice_s_rate_flac_cannot_store_ends_the_run_in_one_line_before_any_work(workdir, tmp_path):
+    """96,001 Hz is a rate WAV takes and FLAC does not (above 65,535 Hz only
+    whole tens): refused before a line is made, not as a write error per line."""
+    waveglow = tmp_path / "w.pt"
+    write_ngc_waveglow(waveglow, canonical(tiny_waveglow(seed=8)), voice={"sample_rate": 96001})
+    write_ngc_tacotron2(tmp_path / "t.pt", canonical(tiny_tacotron2(seed=8)))
+    voice = ("--tacotron2", str(tmp_path / "t.pt"), "--waveglow", str(waveglow))
+    result = synth(*voice, "--audio-format", "flac")
+    [error] = [line for line in result.output.splitlines() if line.startswith("tts-batch: error")]
+    assert result.exit_code == 2 and f"{waveglow} makes audio at 96001 Hz" in error and "pass --sample-rate" in error
+    assert not (workdir / "out" / "wavs").exists()
+    assert synth(*voice, "--audio-format", "flac", "--sample-rate", "96000").exit_code == 0
+    assert rates(workdir / "out") == {96000}
+
+
 def test_a_wrong_voice_entry_ends_the_run_in_one_line_naming_the_file(workdir, tmp_path):
     waveglow = tmp_path / "bad.pt"
     write_ngc_waveglow(waveglow, canonical(tiny_waveglow(seed=8)), voice={"sample_rate": "22.05 kHz"})

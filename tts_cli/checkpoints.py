@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from tts_cli.errors import CheckpointError, option
+from tts_cli.formats import SAMPLE_RATES
 from tts_cli.safe_load import Inert, read_checkpoint
 
 __all__ = [
@@ -329,8 +330,8 @@ def _canonical_waveglow(name: str, weights: dict) -> dict[str, torch.Tensor]:
 # The voice's own settings, in its WaveGlow file
 
 VOICE_ENTRY = "tts_batch_voice"
-# Sample rates a voice may state, in Hz (telephone speech to studio audio).
-VOICE_SAMPLE_RATES = range(1000, 768_001)
+# Sample rates a voice may state, in Hz: those the files may be written at.
+VOICE_SAMPLE_RATES = range(SAMPLE_RATES[0], SAMPLE_RATES[1] + 1)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import yaml
 
 from tts_cli.decode_rules import DecodeSettings
 from tts_cli.errors import option
-from tts_cli.formats import (AUDIO_FORMATS, CORPUS_FORMATS, FLAC_SAMPLE_FORMATS, LAYOUTS, NORMALIZATIONS, SAMPLE_FORMATS,
-                             SHARD_SIZE)
+from tts_cli.formats import (AUDIO_FORMATS, CORPUS_FORMATS, FLAC_ANY_RATE_UP_TO, FLAC_SAMPLE_FORMATS, LAYOUTS,
+                             NORMALIZATIONS, SAMPLE_FORMATS, SAMPLE_RATES, SHARD_SIZE, flac_stores)
 
 DEFAULT_RECIPE = "ljspeech"
 PRECISION_NAMES = ("fp32", "fp16", "bf16")
@@ -42,10 +42,6 @@ SHORTEST_FIRST = {"cuda": False, "cpu": True}
 # states none (voice.py).
 REFERENCE_SAMPLE_RATE = 22050
 REFERENCE_DENOISER_STRENGTH = 0.01
-# The rates the files may be written at (--sample-rate): telephone speech to
-# studio audio, each one WAV and FLAC take. A rate below it is a slip (16 for
-# 16000) that would make files of a few silent samples.
-SAMPLE_RATES = (8000, 192000)
 # WaveGlow's memory when the run sets none: (share of what the device has
 # free, at most this many GiB). CUDA: half the free device memory, at most
 # the 15 GiB that the bench runs with (about a million rows in fp16). CPU: a
@@ -165,6 +161,9 @@ def _problems(s: Settings) -> list[tuple[str, str]]:
         ("audio_format", s.audio_format in AUDIO_FORMATS, f"audio_format must be one of {', '.join(AUDIO_FORMATS)}"),
         ("sample_format", s.audio_format != "flac" or s.sample_format in FLAC_SAMPLE_FORMATS,
          f"FLAC stores integer samples: sample_format must be {' or '.join(FLAC_SAMPLE_FORMATS)} with flac"),
+        ("sample_rate", s.audio_format != "flac" or s.sample_rate is None or flac_stores(s.sample_rate),
+         f"with flac, a sample_rate above {FLAC_ANY_RATE_UP_TO} Hz must be a whole number of tens of Hz "
+         f"(FLAC stores no other): {round(s.sample_rate or 0, -1)}, say, not {s.sample_rate}"),
         ("format", s.format in CORPUS_FORMATS, f"format must be one of {', '.join(CORPUS_FORMATS)}"),
         ("text_normalization", s.text_normalization in NORMALIZATIONS,
          f"text_normalization must be one of {', '.join(NORMALIZATIONS)}"),

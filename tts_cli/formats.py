@@ -19,6 +19,18 @@ AUDIO_FORMATS = ("wav", "flac")
 NORMALIZATIONS = ("reference", "extended")
 # FLAC stores integer samples only.
 FLAC_SAMPLE_FORMATS = ("pcm16", "pcm24")
+# The rates, in Hz, the files may be written at and a voice may state:
+# telephone speech to studio audio, each one WAV takes. A rate below it is
+# a slip (16 for 16000) that would make files of a few silent samples.
+SAMPLE_RATES = (8000, 192000)
+# FLAC, as libsndfile writes it (libFLAC's streamable subset), stores a
+# rate above this only in whole tens of Hz (96000, not 96001).
+FLAC_ANY_RATE_UP_TO = 65535
+
+
+def flac_stores(rate: int) -> bool:
+    """Whether a FLAC file can be written at ``rate`` Hz."""
+    return rate <= FLAC_ANY_RATE_UP_TO or rate % 10 == 0
 
 
 # Where a line's files go: "files", one file each in wavs/ (and mels/); or

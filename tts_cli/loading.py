@@ -14,7 +14,7 @@ import torch
 
 from tts_cli.checkpoints import (CheckpointError, VoiceInfo, load_tacotron2_weights, load_waveglow,
                                  read_voice_info)
-from tts_cli.config import REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, Settings
+from tts_cli.config import REFERENCE_DENOISER_STRENGTH, REFERENCE_SAMPLE_RATE, ConfigError, Settings
 from tts_cli.engine import Engine, precision_name, resolve_device, resolve_precision
 from tts_cli.errors import FatalError, first_line, option
 from tts_cli.tacotron2 import Tacotron2
@@ -91,9 +91,14 @@ def _with_reference_values(own: VoiceInfo, waveglow: Path) -> VoiceInfo:
 
 def with_voice(settings: Settings, voice: Voice | VoiceInfo) -> Settings:
     """``settings`` with the voice's sample rate and denoiser strength where
-    the run sets none."""
-    return replace(settings, sample_rate=_unless_set(settings.sample_rate, voice.sample_rate),
-                   denoiser_strength=_unless_set(settings.denoiser_strength, voice.denoiser_strength))
+    the run sets none; a voice's rate the run's files cannot be written at
+    (FLAC's steps of 10 Hz) is one line naming the voice, before any work."""
+    try:
+        return replace(settings, sample_rate=_unless_set(settings.sample_rate, voice.sample_rate),
+                       denoiser_strength=_unless_set(settings.denoiser_strength, voice.denoiser_strength))
+    except ConfigError as e:
+        raise FatalError(f"{getattr(voice, 'waveglow', None) or 'the voice'} makes audio at {voice.sample_rate} Hz: "
+                         f"{e}; pass {option('sample_rate')} to write it at another rate") from None
 
 
 def _unless_set(value, otherwise):
