@@ -179,6 +179,10 @@ def test_a_usage_mistake_is_one_line_naming_the_option(tmp_path):
         assert result.exit_code == 2
         assert result.output.count("\n") == 1 and result.output.startswith("tts-batch: error: ")
         assert named in result.output and "--help" in result.output
+    for args, command in (([corpus, "--seed"], "synth"), (["export", str(tmp_path), "--to"], "export"),
+                          (["bench", "--lines"], "bench")):   # a value missing: where its options are listed
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and f"requires an argument. (tts-batch {command} --help lists" in result.output
 
 
 def test_the_command_alone_shows_its_help_not_an_error():

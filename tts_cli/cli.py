@@ -43,9 +43,14 @@ class DefaultToSynth(click.Group):
     A usage mistake (an unknown option, a value out of range, a missing
     ``-o``) is one line, as every other error is, not click's usage block."""
 
+    # The subcommand being parsed: a usage error click gives no context
+    # (an option missing its value) names its --help by it.
+    subcommand: str | None = None
+
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = ["synth", *args]
+        self.subcommand = args[0] if args and args[0] in self.commands else None
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
@@ -61,7 +66,8 @@ class DefaultToSynth(click.Group):
             e.show()
             sys.exit(e.exit_code)
         except click.UsageError as e:
-            command = e.ctx.command_path if e.ctx is not None else "tts-batch"
+            command = (e.ctx.command_path if e.ctx is not None
+                       else " ".join(filter(None, ("tts-batch", self.subcommand))))
             fatal(f"{e.format_message()} ({command} --help lists the options)")
         except click.ClickException as e:
             click.echo(f"tts-batch: error: {e.format_message()}", err=True)
