@@ -237,8 +237,9 @@ def test_a_text_with_a_lone_surrogate_is_an_error_row_and_the_rest_goes_on(tiny,
     summary = tiny.synthesize_to_dir(["Hello \udcff there.", "Second."], tmp_path / "out", quiet=True)
     first, second = manifest(tmp_path / "out")
     assert first["status"] == "error" and "lone surrogate, U+DCFF, at character 7" in first["reason"]
+    assert first["text"] == "Hello \\udcff there.", "the row shows which text it was"
     assert second["status"] != "error" and summary.counts["error"] == 1
-    with pytest.raises(ValueError, match="text 0 .*lone surrogate"):
+    with pytest.raises(ValueError, match=r"text 0 \('Hello \\\\udcff there.'\): .*lone surrogate"):
         tiny.synthesize(["Hello \udcff there."])
 
 

@@ -113,9 +113,10 @@ def utterances_from_texts(texts: list[str]) -> list[Utterance]:
 def _given_text(line: int, line_id: str, text: str) -> Utterance:
     """A text given as a string, as a plain corpus's line: one with a lone
     surrogate (a file name or bytes decoded with ``surrogateescape``) is not
-    text, as a line that is not UTF-8 is not."""
+    text, as a line that is not UTF-8 is not; its row shows it with the
+    surrogate escaped (``\\udcff``)."""
     if (bad := _SURROGATE.search(text)) is not None:
-        return Utterance(line=line, id=line_id, text="",
+        return Utterance(line=line, id=line_id, text=text.encode("utf-8", "backslashreplace").decode(),
                          problem=f"text is not valid Unicode (a lone surrogate, U+{ord(bad.group()):04X}, at "
                                  f"character {bad.start() + 1}); decode its bytes as UTF-8 (errors='replace')")
     return Utterance(line=line, id=line_id, text=text, problem=None if text.strip() else EMPTY_LINE)
