@@ -1,6 +1,7 @@
 """Errors that end a whole run, as one line for the user."""
 import contextlib
 import errno
+import threading
 
 
 class FatalError(Exception):
@@ -30,23 +31,29 @@ def first_line(e: BaseException) -> str:
 # Whom the messages speak to: the command (``--force``, ``-o``) or a Python
 # caller (``force=True``, ``out_dir``). The outermost caller decides (the
 # command's Synthesizer speaks the command's words); a process-wide value,
-# as the worker threads that make messages see it too. None: the command's.
+# as the worker threads that make messages see it too, kept while any
+# caller (a library's threads, each with a Synthesizer) is inside. None:
+# the command's.
 _audience: str | None = None
+_inside = 0
+_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def speaking_to(audience: str):
     """Messages made inside speak to ``audience`` ("command" or "python"),
     unless an outer caller chose already."""
-    global _audience
-    if _audience is not None:
-        yield
-        return
-    _audience = audience
+    global _audience, _inside
+    with _lock:
+        _audience = _audience or audience
+        _inside += 1
     try:
         yield
     finally:
-        _audience = None
+        with _lock:
+            _inside -= 1
+            if not _inside:
+                _audience = None
 
 
 def option(setting: str, *value) -> str:
