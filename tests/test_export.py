@@ -246,7 +246,7 @@ def test_a_run_stopped_early_leaves_a_changed_line_out_of_the_exports(tmp_path, 
     assert [r["status"] for r in manifest(out)] == ["ok", "pending"]
     assert "exports refreshed: hf, kaldi (1 line)" in notices
     [warning] = [notice for notice in notices if "pending" in notice]
-    assert "exports hold no line of the 1 line still pending" in warning and "same tts-batch command" in warning
+    assert "exports hold no line of the 1 line still pending" in warning and "same synthesize_to_dir call" in warning
     assert transcripts(out, ("hf", "kaldi")) == {name: [("000001", "printing, in the only sense.")]
                                                  for name in ("hf", "kaldi")}
 

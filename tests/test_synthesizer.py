@@ -259,3 +259,49 @@ def test_a_python_caller_is_told_the_keyword_and_the_command_s_user_the_flag(tin
                                        "--waveglow", str(tiny_checkpoints[1]), "--device", "cpu", "--quiet"])
     assert result.exit_code != 0 and "pass --force to start over" in result.output
     assert "force=True" not in result.output
+
+
+def test_load_refuses_what_is_no_path_or_recipe_in_one_line_naming_the_keyword(tiny_checkpoints):
+    with pytest.raises(ConfigError, match="tacotron2 must be str, got 123"):
+        Synthesizer.load(123, tiny_checkpoints[1], device="cpu")
+    with pytest.raises(ConfigError, match="recipe must be a built-in recipe's name .* not None"):
+        Synthesizer.load(*tiny_checkpoints, device="cpu", recipe=None)
+    with pytest.raises(FatalError, match=r"no tacotron2 given .* or pass tacotron2=<path>") as e:
+        Synthesizer.load(waveglow=tiny_checkpoints[1], device="cpu")
+    assert "--" not in str(e.value)
+    assert Synthesizer.load(*(os.fsencode(path) for path in tiny_checkpoints), **SAME).voice.tacotron2 is not None
+
+
+def test_synthesize_to_dir_says_what_the_command_says_of_a_corpus_that_looks_misread(tiny, tmp_path):
+    """Ids before a '|' in a plain corpus would be spoken: the command's
+    warning comes as a notice, in the caller's words; a corpus path may be
+    bytes; a model setting given again at its loaded value is no change."""
+    corpus = tmp_path / "lj.txt"
+    corpus.write_text("".join(f"LJ001-{n:04d}|Line number {n}.\n" for n in range(1, 6)))
+    notices = []
+    tiny.synthesize_to_dir(os.fsencode(corpus), tmp_path / "out", on_notice=notices.append, quiet=True,
+                           device="cpu", max_decoder_steps=12)
+    [hint] = [notice for notice in notices if "look like" in notice]
+    assert "5 of its 5 lines" in hint and "pass format='ljspeech' if those are ids" in hint
+    assert len(manifest(tmp_path / "out")) == 5
+    with pytest.raises(ValueError, match="max_decoder_steps: fixed when the models load"):
+        tiny.synthesize_to_dir(corpus, tmp_path / "out", max_decoder_steps=13)
+
+
+def test_a_signal_after_the_last_line_still_reaches_the_caller_as_a_keyboard_interrupt(tiny, tmp_path):
+    """A run with nothing left to do, stopped by a Ctrl-C: the caller's
+    program stops as a Ctrl-C stops it, and keeps its handler."""
+    from tts_cli.pipeline import Interrupted
+
+    texts = ["Hi.", "Hello there."]
+    tiny.synthesize_to_dir(texts, tmp_path / "out", quiet=True)
+
+    def interrupt(notice):
+        if "to do" in notice:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    mine = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Interrupted) as e:
+        tiny.synthesize_to_dir(texts, tmp_path / "out", on_notice=interrupt, quiet=True)
+    assert (e.value.done, e.value.total) == (2, 2) and e.value.summary.reused == 2
+    assert signal.getsignal(signal.SIGINT) is mine

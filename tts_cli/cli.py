@@ -321,7 +321,7 @@ def export_command(out_dir: Path, formats: str, include_suspect: bool):
     the normalized text its audio speaks; lines with ARPAbet in braces are
     left out (their transcript is phones). A later run into OUT writes them
     again from its manifest (OUT/exports.json lists them)."""
-    from tts_cli.export import FINISH, export
+    from tts_cli.export import export, finish_first
 
     if not (out_dir / "manifest.jsonl").is_file():
         fatal(f"{out_dir}: no manifest.jsonl; give the -o folder of a tts-batch run")
@@ -334,7 +334,7 @@ def export_command(out_dir: Path, formats: str, include_suspect: bool):
     click.echo(exported.summary, err=True)
     if "pending" in exported.left_out:   # even a cron log must say the dataset is short
         click.echo(f"tts-batch: warning: the run is unfinished ({plural(exported.left_out['pending'], 'line')} "
-                   f"pending, not exported); {FINISH}, which writes these exports again", err=True)
+                   f"pending, not exported); {finish_first()}, which writes these exports again", err=True)
 
 
 def _resume_hint(group=None) -> str:

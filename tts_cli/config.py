@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -217,6 +218,9 @@ def builtin_recipes() -> list[str]:
 
 def recipe_text(name_or_path: str) -> tuple[str, str]:
     """(where, YAML text) of a built-in recipe name or a file path."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ConfigError(f"recipe must be a built-in recipe's name ({', '.join(builtin_recipes())}) or a file's "
+                          f"path, not {name_or_path!r}", "recipe")
     if name_or_path in builtin_recipes():
         where = f"recipes/{name_or_path}.yaml"
         return where, resources.files("tts_cli.recipes").joinpath(f"{name_or_path}.yaml").read_text()

@@ -73,6 +73,12 @@ def again() -> str:
     return "make the same call again" if _audience == "python" else "run the same command again"
 
 
+def the_run_again() -> str:
+    """What makes the synthesis run again, said where another command
+    (``tts-batch export``) or another call reads it."""
+    return "the same synthesize_to_dir call again" if _audience == "python" else "the same tts-batch command again"
+
+
 # What to do about a write that failed, by its errno.
 _WRITE_ADVICE = {
     errno.ENOSPC: "free disk space",

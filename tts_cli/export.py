@@ -35,7 +35,7 @@ from typing import NamedTuple, TypeVar
 import soundfile
 
 from tts_cli.audio import atomic_write
-from tts_cli.errors import OutputNotice, first_line
+from tts_cli.errors import OutputNotice, first_line, option, the_run_again
 from tts_cli.formats import EXPORTS
 from tts_cli.manifest import STATUSES, manifest_rows_at, plural
 from tts_cli.tarshards import shard_of
@@ -44,10 +44,6 @@ from tts_cli.tarshards import shard_of
 SPEAKER = "tts"
 # Why a line of a status that goes in is left out: its text holds phones.
 ARPABET = "with ARPAbet"
-# What to do about lines still pending: they have no audio yet.
-FINISH = "finish the run first: the same tts-batch command again"
-# What to do about an audio file a row names that is not there.
-REMAKE = "run the same tts-batch command again: it makes missing files again"
 # {"exports": {export name: {"include_suspect": bool, "made_from": the
 # manifest's _stamp}}}: the exports in the folder, and what each was made from.
 RECORD = "exports.json"
@@ -71,6 +67,16 @@ class Exported:
         """``exported 10 lines; left out: 2 pending, 3 with ARPAbet``."""
         left_out = f"; left out: {_reasons(self.left_out)}" if self.left_out else ""
         return f"exported {plural(self.lines, 'line')}{left_out}"
+
+
+def finish_first() -> str:
+    """What to do about lines still pending: they have no audio yet."""
+    return f"finish the run first: {the_run_again()}"
+
+
+def _remake() -> str:
+    """What to do about an audio file a row names that is not there."""
+    return f"run {the_run_again()}: it makes missing files again"
 
 
 class NothingToExport(ValueError):
@@ -112,7 +118,8 @@ def export(out_dir: Path, formats: list[str], include_suspect: bool = False,
     in_shards = [row["id"] for row in rows if shard_of(row["audio_filepath"] or "")]
     if in_shards:
         raise ValueError(f"{out_dir}: {len(in_shards)} lines (e.g. {in_shards[0]}) are in tar shards "
-                         "(--layout webdataset), which WebDataset reads as they are; these exports name files")
+                         f"({option('layout', 'webdataset')}), which WebDataset reads as they are; these exports "
+                         "name files")
     subtypes = _checked_audio(out_dir, _until(stop, rows), headers="kaldi" in formats)
     writers: dict[str, Callable[[Path, Iterable[dict]], list[Path]]] = {
         "hf": _huggingface, "lhotse": _lhotse, "kaldi": functools.partial(_kaldi, subtypes=subtypes), "nemo": _nemo}
@@ -193,7 +200,7 @@ def refresh_saying(out_dir: Path, on_notice: Callable[[str], None], stop: thread
     pending = max((d.left_out.get("pending", 0) for d in written), default=0)
     if pending:   # a run stopped early: its lines still to make are not in them, as the manifest says
         on_notice(OutputNotice(f"exports hold no line of the {plural(pending, 'line')} still pending; "
-                               f"{FINISH}, which writes them again"))
+                               f"{finish_first()}, which writes them again"))
 
 
 def _stamp(out_dir: Path) -> list[int] | None:
@@ -286,17 +293,17 @@ def _checked_audio(out_dir: Path, rows: Iterable[dict], headers: bool) -> dict[s
     for row in rows:
         path = str(out_dir / row["audio_filepath"])
         if not os.path.isfile(path):
-            raise ValueError(f"{path}: no such file, which the manifest names for line {row['line']}; {REMAKE}")
+            raise ValueError(f"{path}: no such file, which the manifest names for line {row['line']}; {_remake()}")
         try:
             subtypes[path] = soundfile.info(path).subtype if headers else ""
         except soundfile.SoundFileError as e:
-            raise ValueError(f"{path}: cannot read its header ({first_line(e)}); remove it and {REMAKE}") from None
+            raise ValueError(f"{path}: cannot read its header ({first_line(e)}); remove it and {_remake()}") from None
     return subtypes
 
 
 def _nothing_to_export(manifest: Path, left_out: dict[str, int]) -> str:
     why = f"left out: {_reasons(left_out)}" if left_out else "it has no rows"
-    finish = f"; {FINISH}" if "pending" in left_out else ""
+    finish = f"; {finish_first()}" if "pending" in left_out else ""
     return f"{manifest}: no line to export ({why}); nothing written{finish}"
 
 

@@ -113,10 +113,14 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
     A run that saves the manifest, done or stopped, writes again from it the
     exports ``tts-batch export`` wrote in ``out_dir`` (export.refresh_saying);
     a later signal stops that, and the next run finishes it."""
+    own = signals is None
     with contextlib.nullcontext(signals) if signals else StopOnSignals() as signals:
         with output_lock.held(out_dir, group):
-            return _synthesize(settings, utterances, out_dir, on_notice, engine,
-                               coordinator(group), signals, voice)
+            summary = _synthesize(settings, utterances, out_dir, on_notice, engine, coordinator(group), signals, voice)
+    if own and signals.received is not None:   # after the last line: still the caller's Ctrl-C, its program stops
+        raise Interrupted(signals.received, summary, out_dir / resume.MANIFEST_NAME,
+                          summary.lines - summary.counts["pending"], summary.lines)
+    return summary
 
 
 def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice,

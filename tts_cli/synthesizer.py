@@ -26,7 +26,7 @@ import numpy as np
 
 from tts_cli.config import (BATCH_SIZES, DEFAULT_RECIPE, MODEL_SETTINGS, SHORTEST_FIRST, Settings, check_names,
                             load_settings)
-from tts_cli.corpus import Utterance, read_corpus, utterances_from_texts
+from tts_cli.corpus import Utterance, format_hint, read_corpus, utterances_from_texts
 from tts_cli.errors import FatalError, OutputNotice, option, speaking_to
 from tts_cli.resume import run_seed as run_seed_of
 from tts_cli.voice import Voice, resolve_voice
@@ -73,9 +73,9 @@ class Synthesizer:
         (``sigma=0.5``, ``max_decoder_steps=800``, ``check_alignment=False``).
         A bad option raises ``config.ConfigError``, a missing or damaged
         file ``errors.FatalError``, each one line naming what is wrong."""
-        paths = {"tacotron2": tacotron2, "waveglow": waveglow}
-        settings = load_settings(recipe, {**{k: os.fspath(v) if v is not None else None for k, v in paths.items()},
-                                          "device": device, "precision": precision, **options})
+        paths = {kind: os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else path
+                 for kind, path in (("tacotron2", tacotron2), ("waveglow", waveglow))}   # else: the settings refuse it
+        settings = load_settings(recipe, {**paths, "device": device, "precision": precision, **options})
         check_files(settings)
         synthesizer = cls(settings)
         for notice in (*synthesizer.resolved_voice.notices, *synthesizer.engine.notices):   # loads
@@ -192,18 +192,22 @@ class Synthesizer:
 
         check_names(options)
         options = {name: value for name, value in options.items() if value is not None}
-        fixed = sorted(set(options) & MODEL_SETTINGS)
+        fixed = sorted(name for name in set(options) & MODEL_SETTINGS if options[name] != getattr(self.settings, name))
         if fixed and self._engine is not None:
             raise ValueError(f"{', '.join(fixed)}: fixed when the models load; pass to Synthesizer.load")
         settings = dataclasses.replace(self.settings, **options)
         check_output(out_dir)
-        if isinstance(corpus_or_texts, (str, os.PathLike)):
-            utterances = read_corpus(corpus_or_texts, settings.format)
+        on_notice = on_notice or (lambda line: None)
+        if isinstance(corpus_or_texts, (str, bytes, os.PathLike)):
+            utterances = read_corpus(os.fsdecode(corpus_or_texts), settings.format)
+            hint = format_hint(os.fsdecode(corpus_or_texts), utterances, settings.format)
+            if hint is not None:   # the ids would be spoken
+                on_notice(OutputNotice(hint))
         else:
             given = list(corpus_or_texts)
             utterances = (given if given and all(isinstance(u, Utterance) for u in given)
                           else utterances_from_texts(_texts(given)))
-        return synthesize_corpus(settings, utterances, Path(out_dir), on_notice=on_notice or (lambda line: None),
+        return synthesize_corpus(settings, utterances, Path(out_dir), on_notice=on_notice,
                                  engine=self._engine, group=group, signals=signals, voice=self._voice)
 
 

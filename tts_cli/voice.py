@@ -39,7 +39,7 @@ from pathlib import Path
 
 from tts_cli.config import Settings
 from tts_cli.devices import expected_device, expected_precision
-from tts_cli.errors import FatalError, OutputNotice
+from tts_cli.errors import FatalError, OutputNotice, option
 from tts_cli.remembered import remembered
 
 PUBLISHED_FILES = {
@@ -132,8 +132,9 @@ def _missing(kind: str):
     name = PUBLISHED_FILES[kind]
     folders = checkpoint_dirs()
     searched = " or ".join(str(folder) for folder in folders)
-    raise FatalError(f"no --{kind} given and no {name} in {searched}; put {WHERE_TO_GET[kind]} "
-                     f"in {folders[0]} as {name}, or pass --{kind} PATH")
+    given = option(kind, "PATH") if option(kind).startswith("--") else f"{kind}=<path>"
+    raise FatalError(f"no {option(kind)} given and no {name} in {searched}; put {WHERE_TO_GET[kind]} "
+                     f"in {folders[0]} as {name}, or pass {given}")
 
 
 def _demo_notice(demo: dict[str, Path], published: dict[str, Path | None]) -> str:
