@@ -1,5 +1,6 @@
 """Cutting long lines: gentlest boundary first, nothing lost, pieces fit."""
 import re
+import unicodedata
 
 import pytest
 
@@ -118,3 +119,30 @@ def test_a_cut_line_says_each_spoken_form_as_the_whole_line_does():
     assert "three point five million dollars" in said and "fourteen twenty-five december twenty-fourth" in said
     assert "zero point zero five milligrams" in said and "cents" not in said
     assert not any(piece.endswith("mister") for piece in pieces)
+
+
+def test_ideographs_are_cut_at_their_full_stops_and_commas_then_between_characters():
+    """Chinese or Japanese has no spaces: uncut, a long line ran into the
+    decoder's step limit and came out truncated."""
+    sentence = "中华人民共和国是工人阶级领导的国家。"
+    pieces = split_text(sentence * 6, 180, symbols)
+    assert pieces == [f"{sentence} {sentence}"] * 3, "cut at 。 (a space between sentences reads alike)"
+    assert split_text("今日は、とても良い天気ですね", symbols("とても良い天気ですね"), symbols) == [
+        "今日は、", "とても良い天気ですね"]
+    unbroken = sentence.rstrip("。") * 6
+    pieces = split_text(unbroken, 180, symbols)
+    assert "".join(pieces) == unbroken and len(pieces) == 3, "between characters, joined with nothing"
+    assert all(symbols(piece) <= 180 for piece in pieces)
+
+
+def test_a_thai_letter_keeps_its_vowel_signs_and_tone_marks_when_cut():
+    line = "สวัสดีครับผมชื่อสมชาย" * 8
+    pieces = split_text(line, 60, symbols)
+    assert "".join(pieces) == line and len(pieces) > 1
+    assert all(symbols(piece) <= 60 for piece in pieces)
+    assert not any(unicodedata.category(piece[0]).startswith("M") for piece in pieces)
+
+
+def test_a_latin_word_longer_than_a_piece_stays_whole():
+    word = "Pneumonoultramicroscopicsilicovolcanoconiosis" * 3
+    assert split_text(f"Say {word} now", 40, symbols) == ["Say", word, "now"]
