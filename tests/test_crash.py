@@ -201,16 +201,21 @@ def test_a_read_only_file_system_ends_in_one_line_before_any_work(slow_checkpoin
     assert "remount it writable or choose another -o" in stderr
 
 
-def test_the_advice_after_a_stopped_force_run_keeps_what_it_made(slow_checkpoints, tmp_path):
-    """Ctrl-C during a --force run: the command it gives to finish is the
-    same one without --force, and running it reuses the lines already made."""
+@pytest.mark.parametrize("forced_by", ["option", "recipe"])
+def test_the_advice_after_a_stopped_force_run_keeps_what_it_made(slow_checkpoints, tmp_path, forced_by):
+    """Ctrl-C during a --force run (or one whose recipe sets force): the
+    command it gives to finish is the same one without --force (with
+    --no-force), and running it reuses the lines already made."""
     out = tmp_path / "out"
-    process = start(slow_checkpoints, out, "--force")
+    (tmp_path / "forced.yaml").write_text("force: true\n")
+    process = start(slow_checkpoints, out, *{"option": ["--force"],
+                                             "recipe": ["--recipe", str(tmp_path / "forced.yaml")]}[forced_by])
     wait_for_wavs(process, out, 2)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
-    advice = one_clean_line(stderr).split("run the same command again without --force: tts-batch ", 1)[1].strip()
-    assert "--force" not in advice
+    said = {"option": "without --force", "recipe": "with --no-force (the recipe sets force)"}[forced_by]
+    advice = one_clean_line(stderr).split(f"run the same command again {said}: tts-batch ", 1)[1].strip()
+    assert "--force" not in shlex.split(advice)
     kept = {path.name: path.stat().st_mtime_ns for path in (out / "wavs").glob("*.wav")}
     assert len(kept) >= 2
     again = subprocess.run([sys.executable, "-m", "tts_cli", *shlex.split(advice)], capture_output=True, text=True,

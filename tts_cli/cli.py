@@ -296,7 +296,7 @@ def _synth(settings, utterances, out_dir, signals):
     except ends as e:
         fatal(str(e))
     except Interrupted as e:
-        _stopped(e, group)
+        _stopped(e, group, settings.force)
         sys.exit(signals.exit_status)
     return summary, settings, group
 
@@ -337,21 +337,26 @@ def export_command(out_dir: Path, formats: str, include_suspect: bool):
                    f"pending, not exported); {finish_first()}, which writes these exports again", err=True)
 
 
-def _resume_hint(group=None) -> str:
+def _resume_hint(group=None, force: bool = False) -> str:
     """The command that finishes the run and keeps what it made: the same
-    one, less --force (which would make every line again)."""
+    one, less --force (which would make every line again); with
+    --no-force where the run's recipe forces."""
     again = [arg for arg in sys.argv[1:] if arg != "--force"]
-    dropped = " without --force" if len(again) < len(sys.argv[1:]) else ""
+    if force and len(again) == len(sys.argv[1:]):   # forced by the recipe
+        again.append("--no-force")
+        change = " with --no-force (the recipe sets force)"
+    else:
+        change = " without --force" if len(again) < len(sys.argv[1:]) else ""
     if group is not None:
-        return f"to finish, run the same command again{dropped} (with any number of processes)"
-    return f"to finish, run the same command again{dropped}: tts-batch {shlex.join(again)}"
+        return f"to finish, run the same command again{change} (with any number of processes)"
+    return f"to finish, run the same command again{change}: tts-batch {shlex.join(again)}"
 
 
-def _stopped(e, group) -> None:
+def _stopped(e, group, force: bool) -> None:
     """One line, even with --quiet: a cron log must say why the run ended."""
     who, whose = (f"{group}: ", "its ") if group else ("", "")
     click.echo(f"tts-batch: {who}{e} received; {e.done} of {whose}{e.total} lines are done and "
-               f"{e.saved} is saved; {_resume_hint(group)}", err=True)
+               f"{e.saved} is saved; {_resume_hint(group, force)}", err=True)
 
 
 def _common_failure(summary) -> str | None:
