@@ -192,6 +192,21 @@ def test_a_real_full_disk_ends_in_one_line_and_a_rerun_with_space_finishes(
     assert_same_output(out, reference)
 
 
+def test_a_run_whose_first_file_cannot_be_written_leaves_the_folder_as_it_found_it(
+        slow_checkpoints, small_filesystem):
+    """Room for the manifest, none for a WAV: no manifest of pending rows is
+    left behind (in a new folder, the folder is gone again)."""
+    disk = small_filesystem()
+    with open(disk / "filler", "wb") as f:
+        f.write(bytes(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - 16_000))
+    out = disk / "out"
+    process = start(slow_checkpoints, out)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, stderr
+    assert "No space left on device" in one_clean_line(stderr)
+    assert not out.exists()
+
+
 def test_a_read_only_file_system_ends_in_one_line_before_any_work(slow_checkpoints, small_filesystem):
     disk = small_filesystem("ro,size=1m")
     process = start(slow_checkpoints, disk / "out")

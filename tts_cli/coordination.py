@@ -212,8 +212,11 @@ def _clear_earlier_job(manifest: ManifestJournal) -> None:
     """The manifest rewritten with the rows this run keeps, unless every
     line has its row already and no earlier job left partial manifests (a
     re-run with nothing to do: no file will be replaced, and the run's end
-    writes the manifest); then the earlier job's files removed."""
-    if not manifest.complete or partial_manifests(manifest.path.parent):
+    writes the manifest), or there is none (no row to vouch for a file the
+    run replaces; a run that fails before its first file leaves no
+    manifest); then the earlier job's files removed."""
+    partials = partial_manifests(manifest.path.parent)
+    if partials or not manifest.complete and manifest.path.exists():
         manifest.save(final=True)
     _remove_partial_manifests(manifest.path.parent)
     shutil.rmtree(manifest.path.parent / PIECES_DIR, ignore_errors=True)

@@ -12,6 +12,7 @@ duration, clipped samples, the files it names, why it failed) is kept per
 line in arrays and counted from them."""
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -61,6 +62,7 @@ class ManifestJournal:
         self.path, self.utterances, self.seed, self.only = path, utterances, seed, only
         self.saved_at = 0.0
         self.save_seconds = 0.0
+        self.recorded = 0   # rows this run made (``record``, ``adopt``)
         # The file holds these rows already, as they are (a re-run with nothing
         # to do): no save writes it.
         self.on_disk = False
@@ -87,6 +89,7 @@ class ManifestJournal:
 
     def record(self, row: ManifestRow) -> None:
         """A line's row, made by this run (it replaces any row it had)."""
+        self.recorded += 1
         n = self._lines.position(row.line)
         self._take(n, row, made=True)
         self._lines.spool(n, row.to_json())
@@ -106,6 +109,7 @@ class ManifestJournal:
         run made), copied from it."""
         with open(path, "rb") as f:
             for record, (start, length) in manifest_rows_at(path):
+                self.recorded += 1
                 n = self._lines.position(record["line"])
                 self._take(n, ManifestRow(**record), made=True)
                 self._lines.spool_bytes(n, os.pread(f.fileno(), length, start))
@@ -161,6 +165,11 @@ class ManifestJournal:
             return sum(self.status.count(code) for code in _DONE), len(self.status)
         kept = [n for n, u in enumerate(self.utterances) if u.line in self.only]
         return sum(1 for n in kept if self.status[n] in _DONE), len(kept)
+
+    @property
+    def untouched(self) -> bool:
+        """Whether the file is as the run found it: no row made, no save."""
+        return not self.recorded and not self.saved_at
 
     def save(self, final: bool = False) -> None:
         """Write the manifest; unless ``final``, only if the last write is old
@@ -268,5 +277,6 @@ class _RowLines:
     def close(self) -> None:
         for f in (self._earlier, self._spool):
             if f is not None:
-                f.close()
+                with contextlib.suppress(OSError):   # a full disk: the spool's last rows are of no more use
+                    f.close()
         self._earlier = self._spool = None

@@ -193,18 +193,24 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         # before any save: a journal saved by a process whose take-over failed
         # would replace, unmerged, the earlier job's partial of the same name
         together.take_over(manifest)
+        failed = False
         try:
             if (share.batches or plan.unread) and not stop.is_set():
                 windows = _windows(share, reader, batch_size, device, manifest, checkpoint, together)
                 mine = len(share.lines) + (to_do - len(plan.pending)) // together.processes
                 _run_batches(engine, windows, mine, settings, writer, checkpoint, signals)
+        except BaseException:
+            failed = True
+            raise
         finally:
             try:
                 checkpoint.record_all(writer.close())   # the last shard's rows, once it has its name
             except OSError as e:
+                failed = True
                 raise OutputError(cannot_write(out_dir, e)) from None
             finally:
-                checkpoint.save(final=True)
+                if not (failed and checkpoint.untouched):   # failed before its first file: the folder as it was
+                    checkpoint.save(final=True)
         done = together.finish(manifest, checkpoint, share, writer, signals)
         if together.removes_temp_files and signals.received is None:   # one process looks: rank 0, or alone
             _report_orphans(out_dir, manifest.named, settings.prune, on_notice)
