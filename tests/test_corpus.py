@@ -48,6 +48,18 @@ def test_bom_and_crlf_are_not_part_of_the_text(tmp_path):
     assert all(row.problem is None for row in rows)
 
 
+def test_files_with_boms_joined_read_as_each_file_alone(tmp_path):
+    """``cat *.tsv | tts-batch - --format tsv``: files saved with a BOM
+    (Notepad, Excel) each start with one, mid-stream once they are joined."""
+    one = b"\xef\xbb\xbfa\tHello.\r\nb\tWorld.\r\n"
+    path = write_corpus(tmp_path, one + one.replace(b"a\t", b"c\t").replace(b"b\t", b"d\t"))
+    rows = read_corpus(path, "tsv")
+    assert [(row.id, row.text, row.problem) for row in rows] == [
+        ("a", "Hello.", None), ("b", "World.", None), ("c", "Hello.", None), ("d", "World.", None)]
+    inside = write_corpus(tmp_path, "Zero\ufeffwidth.\n".encode())
+    assert [row.text for row in read_corpus(inside)] == ["Zero\ufeffwidth."], "inside a line it is text"
+
+
 def test_old_mac_cr_line_endings_split_lines(tmp_path):
     path = write_corpus(tmp_path, b"one\rtwo\rthree")
     assert [row.text for row in read_corpus(path)] == ["one", "two", "three"]

@@ -147,17 +147,22 @@ def _starts_with_id(text: str, separator: str) -> bool:
 def _split_physical_lines(data: bytes) -> list[bytes]:
     """Split file contents into physical lines without their line endings.
 
-    A leading UTF-8 BOM is dropped. LF, CRLF and lone CR all end a line, and a
-    final line ending does not start an extra empty line. Splitting happens on
-    bytes, before decoding, so characters such as U+2028 or NEL that
-    ``str.splitlines`` would treat as line breaks stay inside their line, and
-    a line that is not valid UTF-8 cannot disturb its neighbours.
+    A UTF-8 BOM starting a line is dropped: the file's, or that of a file
+    after the first where several were joined (``cat *.tsv | tts-batch -``).
+    LF, CRLF and lone CR all end a line, and a final line ending does not
+    start an extra empty line. Splitting happens on bytes, before decoding,
+    so characters such as U+2028 or NEL that ``str.splitlines`` would treat
+    as line breaks stay inside their line, and a line that is not valid
+    UTF-8 cannot disturb its neighbours.
     """
-    if data.startswith(_UTF8_BOM):
+    if data.startswith(_UTF8_BOM):   # the file's (one holding only a BOM has no line)
         data = data[len(_UTF8_BOM):]
     # bytes.splitlines breaks on exactly \n, \r\n and \r, and never yields a
     # trailing empty element for a file that ends with a line ending.
-    return data.splitlines()
+    lines = data.splitlines()
+    if _UTF8_BOM in data:
+        lines = [line[len(_UTF8_BOM):] if line.startswith(_UTF8_BOM) else line for line in lines]
+    return lines
 
 
 def corpus_name(path: str | os.PathLike) -> str:
