@@ -625,7 +625,7 @@ def test_a_signal_after_the_last_line_is_said_under_quiet_with_its_status(tmp_pa
     """Cron sees 143: one line says the job is whole all the same."""
     (tmp_path / "corpus.txt").write_text("Hi.\n")
     script = ("import os, signal, sys, tts_cli.pipeline as p\n"
-              "p.refresh_saying = lambda *args: os.kill(os.getpid(), signal.SIGTERM)   # the job's very end\n"
+              "p.refresh_saying = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGTERM)   # the job's very end\n"
               "from tts_cli.cli import run\n"
               "sys.argv = ['tts-batch', *sys.argv[1:]]\n"
               "run()\n")
