@@ -152,6 +152,21 @@ def test_a_line_in_another_script_is_made_with_a_caution_naming_its_letters_and_
     assert "#" in pending.dropped
 
 
+def test_braces_holding_what_is_no_phone_make_the_line_suspect_and_a_latin_letter_s_other_forms_do_not():
+    """Lower-case or misspelt ARPAbet is left out as the reference leaves it
+    out, so the row must say so; full-width or mathematical Latin letters
+    are read as the letters they are."""
+    pending, _ = plan("Say {hh aw1 s} and {HH AW1 S} or {XX HH} now.")
+    assert pending.caution == ("braces holding what is no ARPAbet phone (those are upper case: {HH AW1 S}), left "
+                               "out: 'hh aw1 s XX'")
+    pending, _ = plan("\uff26\uff55\uff4c\uff4c width and \U0001d401old.")
+    assert pending.normalized == "full width and bold." and pending.caution is None
+    pending, _ = plan("Next\x85line", text_normalization="extended")
+    assert pending.normalized == "next line", "a next-line control is a space, not nothing"
+    pending, _ = plan("Next\x85line", text_normalization="reference")
+    assert pending.normalized == "nextline", "as NVIDIA's cleaners read it"
+
+
 def test_a_line_with_nothing_to_say_keeps_what_it_left_unsaid_in_its_row():
     pending, row = plan("%%% ###", text_normalization="reference")
     assert pending is None and (row.status, row.dropped) == ("skipped", "%#")

@@ -225,11 +225,15 @@ def prepare_line(u: Utterance, run_seed: int, rows: dict[int, ManifestRow],
 def _caution(text: str, reading: frontend.Reading) -> str | None:
     """Why the line's audio cannot say what its text does: letters of
     another script, read as their transliteration; characters that stand
-    for words (%, @, an emoji), left out. None when neither."""
+    for words (%, @, an emoji), left out; braces holding what is no ARPAbet
+    phone (a lower-case one, a misspelt one), left out. None when none."""
     foreign, lost = frontend.foreign_letters(text), frontend.words_lost(reading.dropped)
     reasons = [f"letters of another script the voice cannot say ({foreign[:12]!r}), read as their Latin "
                f"transliteration: {reading.text[:40]!r}" if foreign else None,
-               f"characters the voice cannot say, left out: {lost[:12]!r}" if lost else None]
+               f"characters the voice cannot say, left out: {lost[:12]!r}" if lost else None,
+               f"braces holding what is no ARPAbet phone (those are upper case: {{HH AW1 S}}), left out: "
+               f"{reading.unknown_phones[:40]!r}"
+               if reading.unknown_phones else None]
     return "; ".join(filter(None, reasons)) or None
 
 

@@ -3,8 +3,9 @@ drop or mangle in common English text, written out as it is said, before
 the reference's cleaning (text.py) runs: percentages, times, e-mail and web
 addresses, degrees, units after numbers, "&", "+", "#" before a number,
 money in dollars, pounds, euros and yen, scaled amounts, decimals' digits,
-counts with a comma, minus signs, and days beside a month's name as
-ordinals. Each rule is anchored where a match can start, so a long line
+counts with a comma, minus signs, days beside a month's name as ordinals,
+and a next-line control (U+0085, which transliteration drops, joining the
+words around it) as a space. Each rule is anchored where a match can start, so a long line
 costs time in proportion to its length.
 
 Pure Python, regular expressions only: the reference's rules then read every
@@ -275,6 +276,7 @@ def spoken_forms(text: str) -> str:
     """Raw text with what the reference cleaners drop or mangle written out
     as it is said (the module's docstring lists what). Numbers stay digits
     for the reference's rules to read."""
+    text = text.replace("\x85", " ")
     if not _ANY_SPOKEN_FORM.search(text):
         return text
     for pattern, said in _SPOKEN_FORM_RULES:

@@ -396,6 +396,7 @@ class Reading:
     ids: list[int]      # symbol ids: what the model reads
     text: str           # the ids as text, phones in braces: the manifest's normalized_text
     dropped: str        # characters outside braces it left unsaid, once each, in order ("" for none)
+    unknown_phones: str = ""   # what braces held that is no ARPAbet phone (left out), once each, space-separated
 
 
 def read(text: str, normalization: str = "reference") -> Reading:
@@ -406,11 +407,13 @@ def read(text: str, normalization: str = "reference") -> Reading:
         raise ValueError(f"text normalization must be one of {', '.join(NORMALIZATIONS)}, not {normalization!r}")
     ids: list[int] = []
     dropped: dict[str, None] = {}
+    unknown: dict[str, None] = {}
     for plain, phones in _segments(text):
         plain_ids, unsaid = _read_plain(plain, normalization)
         ids += plain_ids + (_phone_ids(phones) if phones is not None else [])
         dropped.update(dict.fromkeys(unsaid))
-    return Reading(ids, sequence_to_text(ids), "".join(dropped))
+        unknown.update(dict.fromkeys(p for p in (phones or "").split() if _PHONE_PREFIX + p not in _SYMBOL_TO_ID))
+    return Reading(ids, sequence_to_text(ids), "".join(dropped), " ".join(unknown))
 
 
 def _segments(text: str):
@@ -454,12 +457,15 @@ def sequence_to_text(ids: Sequence[int]) -> str:
 def foreign_letters(text: str) -> str:
     """The letters of ``text`` that are not of the Latin script, once each,
     in order: the front end reads them through their ASCII transliteration
-    (日本語 as "ri ben yu"), which is not what the text says."""
+    (日本語 as "ri ben yu"), which is not what the text says. A Latin letter's
+    other forms (full-width Ｆ, mathematical 𝐅) are Latin."""
     if text.isascii():
         return ""
     seen: dict[str, None] = {}
     for char in text:
-        if unicodedata.category(char).startswith("L") and not unicodedata.name(char, "").startswith("LATIN"):
+        latin = unicodedata.normalize("NFKC", char)[:1]
+        if unicodedata.category(char).startswith("L") and not (latin.isascii() or
+                                                                unicodedata.name(latin, "").startswith("LATIN")):
             seen[char] = None
     return "".join(seen)
 
