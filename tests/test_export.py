@@ -451,3 +451,19 @@ def test_a_refresh_stopped_by_a_signal_is_said_and_left_to_the_next_run(tmp_path
     again = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.")
     assert "exports refreshed: hf, nemo (2 lines)" in again.output
     assert [len(lines) for lines in transcripts(out, ("hf", "nemo")).values()] == [2, 2]
+
+
+def test_an_export_that_cannot_be_written_again_leaves_the_others_refreshed(
+        tmp_path, tiny_checkpoints):
+    """A folder where hf's metadata.jsonl goes: hf is said not refreshed,
+    and the exports beside it are written again all the same."""
+    out = tmp_path / "out"
+    assert synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.").exit_code == 0
+    exported(out, "--to", "hf,lhotse,nemo")
+    (out / "metadata.jsonl").unlink()
+    (out / "metadata.jsonl").mkdir()
+    result = synthesized(tmp_path, tiny_checkpoints, "Printing, in the only sense.", "Hi.")
+    [warning] = [line for line in result.output.splitlines() if "exports not refreshed" in line]
+    assert warning.startswith("exports not refreshed (hf)") and "exports refreshed: lhotse (2 lines), nemo (2 lines)"\
+        in result.output
+    assert [len(lines) for lines in transcripts(out, ("lhotse", "nemo")).values()] == [2, 2]

@@ -168,9 +168,20 @@ def refresh(out_dir: Path, stop: threading.Event | None = None) -> list[Exported
         except NothingToExport as e:
             done.append(Exported({name: _remove(out_dir, name) for name in names}, 0, {}, emptied=first_line(e)))
             _record(out_dir, dict.fromkeys(names, Made(include_suspect, manifest)))
-        except (ValueError, OSError) as e:
+        except OSError:   # a file of one export that cannot be written: each on its own, those not made yet
+            left = [name for name, made in recorded(out_dir).items() if name in names and made.made_from != manifest]
+            done += [_alone(out_dir, name, include_suspect, stop) for name in left]
+        except ValueError as e:   # the manifest or its audio: the same for every export
             done.append(Exported(dict.fromkeys(names, []), 0, {}, failed=first_line(e)))
     return done
+
+
+def _alone(out_dir: Path, name: str, include_suspect: bool, stop: threading.Event | None) -> Exported:
+    """Export ``name`` again on its own, or why it cannot be (``failed``)."""
+    try:
+        return export(out_dir, [name], include_suspect, stop)
+    except (ValueError, OSError) as e:
+        return Exported({name: []}, 0, {}, failed=first_line(e))
 
 
 def refresh_saying(out_dir: Path, on_notice: Callable[[str], None], stop: threading.Event | None = None) -> None:
