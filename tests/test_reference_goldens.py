@@ -142,4 +142,7 @@ def test_the_goldens_random_draws_are_still_tts_clis():
         channels, steps = case["noise_shape"]             # the first draw: the last flow's channels
         head = case["noise_head"]
         noise = randomness.normal(torch.tensor([case["seed"]]), randomness.NOISE_STREAM, channels, steps)
-        assert torch.equal(noise.flatten()[: head.numel()], head), f"WaveGlow noise of seed {case['seed']}"
+        # Box-Muller's log and cos round differently by a unit in the last
+        # place on CPUs with and without AVX-512; a changed draw is another number
+        assert torch.allclose(noise.flatten()[: head.numel()], head, rtol=0, atol=1e-6), \
+            f"WaveGlow noise of seed {case['seed']}"
