@@ -1,6 +1,7 @@
 """quality.py: the SNR that judges a fast path, and the demo voice's WaveGlow
 in 16 bits on CPU against float32, on mels from its own Tacotron2 (the GPU
 kernels' side of the same check is tests/test_gpu_quality.py)."""
+import copy
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from tts_cli.config import Settings
 from tts_cli.loading import load_models
 from tts_cli.quality import snr_db, voice_mels, waveglow_fidelity
 from tts_cli.voice import demo_voice
+from tts_cli.waveglow_fast import FastWaveGlow
 
 LINES = ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
          "It's easy to tell the depth of a well.", "Four hours of steady work faced us."]
@@ -63,6 +65,18 @@ def test_the_fast_waveglow_in_16_bits_is_as_close_to_fp32_as_the_eager_model_on_
     floor = {torch.float16: 45.0, torch.bfloat16: 30.0}[dtype]   # a 16-bit model, not a broken one
     assert fidelity.eager > floor
     assert fidelity.margin >= -1.0, fidelity
+
+
+def test_the_fast_waveglow_in_bf16_on_a_cpu_never_makes_nan(demo_models_and_mels):
+    """A 16-bit CPU matmul over one layer's columns of the activations read
+    the later layers' columns, not written yet: where the memory held NaN
+    (half the runs), whole stretches of audio were NaN."""
+    waveglow, (mel, frames, seeds) = demo_models_and_mels
+    model = copy.deepcopy(waveglow).float().eval()
+    for _ in range(6):
+        with torch.inference_mode():
+            audio = FastWaveGlow(model, torch.bfloat16).infer(mel.to(torch.bfloat16), frames, seeds, 0.666)
+        assert torch.isfinite(audio).all()
 
 
 def test_fidelity_leaves_the_model_in_float32_on_its_device(demo_models_and_mels):

@@ -217,7 +217,9 @@ class FastWaveGlow:
         2*n_half) in the model dtype; keep: (B, T, 1) of 0 and 1."""
         x = _linear(a0.to(self.dtype), w.start, w.start_bias)
         b, t, c = x.shape
-        acts = x.new_empty(b, t, len(w.taps) * c)                 # every layer's gated activations
+        # every layer's gated activations; zeroed, as a 16-bit CPU matmul over
+        # one layer's columns has read (as NaN) the later layers' not yet written
+        acts = x.new_zeros(b, t, len(w.taps) * c)
         for i, taps in enumerate(w.taps):
             xs = shifted_taps(x * keep, 2 ** i)
             z = (windows @ w.cond[i].view(windows.shape[1], -1)).view(-1, 2 * c)   # rows (b, q, p) = (b, t)
