@@ -124,6 +124,16 @@ def test_two_processes_write_bitwise_what_one_process_writes(tmp_path, tiny_chec
     assert partial_manifests(out) == [] and not (out / ".pieces").exists()
 
 
+def test_a_notice_is_said_once_not_once_per_process(tmp_path, tiny_checkpoints):
+    """What --quiet still says (here: a precision a CPU cannot give) comes
+    from rank 0 alone: a cron log of a job of 8 processes had it 8 times."""
+    corpus = write(tmp_path / "corpus.txt", LINES[:2])
+    code, output = finished(torchrun(2, [*arguments(corpus, tmp_path / "out", tiny_checkpoints), "--quiet",
+                                         "--precision", "fp16"]))
+    assert code == 0, output
+    assert output.count("--precision fp16 is for CUDA; running on CPU in fp32") == 1, output
+
+
 def test_two_processes_fill_the_shards_one_process_fills(tmp_path, tiny_checkpoints):
     corpus = write(tmp_path / "corpus.txt", LINES + CUT)
     reference, out = tmp_path / "reference", tmp_path / "out"

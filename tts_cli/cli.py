@@ -288,7 +288,7 @@ def _synth(settings, utterances, out_dir, signals):
         except distributed.GroupError as e:
             fatal(str(e))
         joined, ends = distributed.joined(group, settings.device), (FatalError, distributed.GroupError)
-    echo = _notices(settings.quiet)
+    echo = _notices(settings.quiet) if group is None or group.rank == 0 else lambda message: None   # said once
     try:
         with joined:
             summary = Synthesizer(settings).synthesize_to_dir(utterances, out_dir, on_notice=echo, signals=signals,
@@ -434,17 +434,18 @@ def _per_process(summary) -> str:
               help="Most lines per batch.")
 @click.option("--baseline-lines", type=click.IntRange(min=1), default=10, show_default=True,
               help="Lines run through the naive batch-of-one loop for the speed-up ratio.")
-@click.option("--device", help="cuda, cuda:N or cpu. [default: cuda when available; under "
-              "torchrun each process takes the GPU of its LOCAL_RANK]")
-@click.option("--precision", type=click.Choice(PRECISION_NAMES),
-              help=f"Model dtype. {default_help('precision')}")
+@click.option("--device", help="cuda or cuda:N (a CPU is refused). [default: cuda; under torchrun each "
+              "process takes the GPU of its LOCAL_RANK]")
+@click.option("--precision", type=click.Choice(PRECISION_NAMES), help="Model dtype. [default: fp16]")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON here (under torchrun: rank 0 writes it).")
 @click.option("--end-to-end-only", is_flag=True,
               help="Only the corpus run end to end (audio seconds per wall second, startup): "
                    "the one-GPU figure to compare a torchrun bench with.")
 def bench(corpus, format_, lines, batch_size, baseline_lines, device, precision, json_path, end_to_end_only):
-    """Benchmark on random full-size weights (no download): one run, one table.
+    """Benchmark on random full-size weights (no download): one run, one
+    table, on a GPU (on a CPU the bench's 2,000 lines would take hours: it
+    is refused).
 
     \b
     Under torchrun, one process per GPU:
