@@ -48,9 +48,10 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 # Problems that mean "nothing to say" rather than "something is wrong": the
 # manifest marks such lines skipped, the others error.
 EMPTY_LINE = "empty line"
-_SURROGATE = re.compile("[\ud800-\udfff]")
 EMPTY_TEXT = "empty text"
 NOTHING_TO_SAY = (EMPTY_LINE, EMPTY_TEXT)
+# A lone surrogate: what bytes decoded with surrogateescape leave in a str.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Separator byte and how to name it in messages, per separated format.
 # Splitting the raw bytes is safe for UTF-8: ASCII bytes never occur inside

@@ -113,19 +113,17 @@ def synthesize_corpus(settings: Settings, utterances: list[Utterance], out_dir: 
     A run that saves the manifest, done or stopped, writes again from it the
     exports ``tts-batch export`` wrote in ``out_dir`` (export.refresh_saying);
     a later signal stops that, and the next run finishes it."""
-    own = signals is None
+    interrupt_when_done = signals is None   # a library caller's: its handlers are the run's own
     with contextlib.nullcontext(signals) if signals else StopOnSignals() as signals:
         with output_lock.held(out_dir, group):
-            summary = _synthesize(settings, utterances, out_dir, on_notice, engine, coordinator(group), signals, voice)
-    if own and signals.received is not None:   # after the last line: still the caller's Ctrl-C, its program stops
-        raise Interrupted(signals.received, summary, out_dir / resume.MANIFEST_NAME,
-                          summary.lines - summary.counts["pending"], summary.lines)
-    return summary
+            return _synthesize(settings, utterances, out_dir, on_notice, engine, coordinator(group), signals, voice,
+                               interrupt_when_done)
 
 
 def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, on_notice,
                 engine: Engine | None,
-                together: Alone | Together, signals: StopOnSignals, voice: Voice | None = None) -> RunSummary:
+                together: Alone | Together, signals: StopOnSignals, voice: Voice | None = None,
+                interrupt_when_done: bool = False) -> RunSummary:
     """``synthesize_corpus`` once the corpus is read and the output directory
     is this run's."""
     if settings.layout == "webdataset" and together.processes > 1:
@@ -226,7 +224,9 @@ def _synthesize(settings: Settings, utterances: list[Utterance], out_dir: Path, 
         progress = checkpoint.progress()
         if together.wrote_manifest(done):   # the exports, where not made from this manifest; a later signal stops it
             refresh_saying(out_dir, on_notice, stop=signals.abort)
-    if signals.received is not None and not done:   # a signal after the last line stopped nothing
+    # A signal after the last line stopped nothing: the command says so and
+    # exits with its status; a library caller's program stops as a Ctrl-C stops it.
+    if signals.received is not None and (not done or interrupt_when_done):
         raise Interrupted(signals.received, summary, checkpoint.path, *progress)
     return summary
 

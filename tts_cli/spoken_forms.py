@@ -5,8 +5,8 @@ addresses, degrees, units after numbers, "&", "+", "#" before a number,
 money in dollars, pounds, euros and yen, scaled amounts, decimals' digits,
 counts with a comma, minus signs, days beside a month's name as ordinals,
 and a next-line control (U+0085, which transliteration drops, joining the
-words around it) as a space. Each rule is anchored where a match can start, so a long line
-costs time in proportion to its length.
+words around it) as a space. Each rule is anchored where a match can start,
+so a long line costs time in proportion to its length.
 
 Pure Python, regular expressions only: the reference's rules then read every
 number, so the two normalizations agree on anything these rules leave alone.

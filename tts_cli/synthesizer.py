@@ -199,8 +199,9 @@ class Synthesizer:
         check_output(out_dir)
         on_notice = on_notice or (lambda line: None)
         if isinstance(corpus_or_texts, (str, bytes, os.PathLike)):
-            utterances = read_corpus(os.fsdecode(corpus_or_texts), settings.format)
-            hint = format_hint(os.fsdecode(corpus_or_texts), utterances, settings.format)
+            path = os.fsdecode(corpus_or_texts)
+            utterances = read_corpus(path, settings.format)
+            hint = format_hint(path, utterances, settings.format)
             if hint is not None:   # the ids would be spoken
                 on_notice(OutputNotice(hint))
         else:

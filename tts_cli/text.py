@@ -383,11 +383,12 @@ def _unsaid(said: str, cleaned: str) -> str:
     return "".join(unsaid)
 
 
-def _phone_ids(phones: str) -> list[int]:
-    # Brace contents are case-sensitive and uncleaned: unknown phones,
-    # lowercase ones and stray punctuation are all dropped.
-    keys = (_PHONE_PREFIX + phone for phone in phones.split())
-    return [_SYMBOL_TO_ID[key] for key in keys if key in _SYMBOL_TO_ID]
+def _phone_ids(phones: str) -> tuple[list[int], list[str]]:
+    """The ids of the phones in a brace pair, and what it held that is no
+    phone: contents are case-sensitive and uncleaned, so unknown phones,
+    lowercase ones and stray punctuation are all dropped, as the reference drops them."""
+    found = [(phone, _SYMBOL_TO_ID.get(_PHONE_PREFIX + phone)) for phone in phones.split()]
+    return [i for _, i in found if i is not None], [phone for phone, i in found if i is None]
 
 
 @dataclass(frozen=True)
@@ -410,9 +411,10 @@ def read(text: str, normalization: str = "reference") -> Reading:
     unknown: dict[str, None] = {}
     for plain, phones in _segments(text):
         plain_ids, unsaid = _read_plain(plain, normalization)
-        ids += plain_ids + (_phone_ids(phones) if phones is not None else [])
+        phone_ids, not_phones = _phone_ids(phones or "")
+        ids += plain_ids + phone_ids
         dropped.update(dict.fromkeys(unsaid))
-        unknown.update(dict.fromkeys(p for p in (phones or "").split() if _PHONE_PREFIX + p not in _SYMBOL_TO_ID))
+        unknown.update(dict.fromkeys(not_phones))
     return Reading(ids, sequence_to_text(ids), "".join(dropped), " ".join(unknown))
 
 
